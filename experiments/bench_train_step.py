@@ -1,6 +1,7 @@
 """Tokens/s of one full training step (forward, backward, AdamW update) vs a PyTorch reference.
 
     python -m experiments.bench_train_step [--batch 8 --prompt 128 --response 128 --steps 3]
+    taskset -c 1 python -m experiments.bench_train_step --rounds 2   # one core, alternating
 
 The model is SmolLM2-135M-Instruct (the embedded GGUF; random params of the same preset with
 --random). Four configurations each run in a fresh subprocess, so peak RSS (`ru_maxrss`) is per
@@ -11,9 +12,12 @@ configuration and the two frameworks never share threads:
                            attention) with the same weights, response-position logits only,
                            the same PPO dual-clip token-mean loss, grad-norm clip 1.0, torch AdamW;
                            LoRA as the same per-row two-adapter sum.
+  jax_full_remat / jax_lora_remat (opt-in): the JAX step with per-layer rematerialisation.
 Both frameworks see the same batch (left-padded prompts) and report their first loss, which must
 agree (same step, same numbers). tokens/s counts every prompt and response token a step
-processes: batch * (prompt + response) / median step time. Prints one JSON object.
+processes: batch * (prompt + response) / median step time over all rounds. On a shared machine,
+pin to one core (`taskset`) and use `--rounds` so both frameworks see the same conditions: both
+use every core they are allowed. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -159,14 +163,15 @@ def jax_worker(mode: str, args: argparse.Namespace) -> dict:
                                      samples=samples))
   del params, flat
   rss_setup = peak_rss_mib()
-  times, losses = [], []
+  times, cpu, losses = [], [], []
   for _ in range(args.steps + 1):
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     state, metrics = fns.step(state, frozen, batch)
     losses.append(float(metrics["loss"]))
     times.append(time.perf_counter() - start)
-  return {"first_step_s": times[0], "step_s": times[1:], "loss": losses[0],
-          "rss_after_setup_mib": rss_setup}
+    cpu.append(time.process_time() - start_cpu)
+  return {"first_step_s": times[0], "step_s": times[1:], "step_cpu_s": cpu[1:],
+          "loss": losses[0], "rss_after_setup_mib": rss_setup}
 
 
 # ----------------------------------------------------------------------------- PyTorch worker
@@ -266,13 +271,14 @@ def torch_worker(mode: str, args: argparse.Namespace) -> dict:
     opt.zero_grad(set_to_none=True)
     return float(loss)
 
-  times, losses = [], []
+  times, cpu, losses = [], [], []
   for _ in range(args.steps + 1):
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     losses.append(step())
     times.append(time.perf_counter() - start)
-  return {"first_step_s": times[0], "step_s": times[1:], "loss": losses[0],
-          "rss_after_setup_mib": rss_setup}
+    cpu.append(time.process_time() - start_cpu)
+  return {"first_step_s": times[0], "step_s": times[1:], "step_cpu_s": cpu[1:],
+          "loss": losses[0], "rss_after_setup_mib": rss_setup}
 
 
 # ----------------------------------------------------------------------------- driver
@@ -313,10 +319,14 @@ def main() -> None:
         runs[mode].append(json.loads(lines[-1][len("RESULT "):]))
   for mode, results in runs.items():
     steps = [t for r in results for t in r["step_s"]]
+    cpu = [t for r in results for t in r["step_cpu_s"]]
     median = float(np.median(steps))
     out[mode] = {
         "median_step_s": round(median, 3), "tokens_per_s": round(tokens / median, 1),
-        "step_s": [round(t, 3) for t in steps],
+        # CPU seconds the process used per step (all its threads): robust to other processes
+        # taking the cores, so comparable across frameworks on a busy machine.
+        "median_step_cpu_s": round(float(np.median(cpu)), 3),
+        "step_s": [round(t, 3) for t in steps], "step_cpu_s": [round(t, 3) for t in cpu],
         "first_step_s": [round(r["first_step_s"], 2) for r in results],
         "loss": results[0]["loss"],
         "rss_after_setup_mib": max(r["rss_after_setup_mib"] for r in results),
@@ -325,6 +335,8 @@ def main() -> None:
     j, t = out.get(f"jax_{kind}"), out.get(f"torch_{kind}")
     if j and t:
       out[f"{kind}_speed_ratio_jax_over_torch"] = round(j["tokens_per_s"] / t["tokens_per_s"], 3)
+      out[f"{kind}_cpu_time_ratio_torch_over_jax"] = round(
+          t["median_step_cpu_s"] / j["median_step_cpu_s"], 3)
       out[f"{kind}_loss_abs_diff"] = float(f"{abs(j['loss'] - t['loss']):.3g}")
   out["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
   print(json.dumps(out))
