@@ -82,8 +82,15 @@ def _rows(samples: Sequence[Sample], shape: BatchShape, pad_id: int, rows: int, 
 
 
 def build_batch(samples: Sequence[Sample], policy: PolicyConfig, shape: BatchShape,
-                pad_id: int):
-  """The step's TrainBatch in the layout of `policy` (flat, [P, n, ...] blocks, or a dict)."""
+                pad_ids: Sequence[int]):
+  """The step's TrainBatch in the layout of `policy` (flat, [P, n, ...] blocks, or a dict).
+
+  `pad_ids`: one per model config of `policy` (a mapped team's models each pad with their own
+  tokenizer's id, which must lie in that model's vocabulary); padding is masked out either way.
+  """
+  if len(pad_ids) != len(policy.models):
+    raise ValueError(f"{len(pad_ids)} pad ids for the {len(policy.models)} model config(s) of "
+                     f"a {policy.kind!r} policy; expected one per model")
   if not samples:
     raise ValueError("no samples to train on; the rollout produced none")
   width = bucket(max(len(s.generation.prompt_ids) for s in samples), shape.min_prompt)
@@ -98,10 +105,11 @@ def build_batch(samples: Sequence[Sample], policy: PolicyConfig, shape: BatchSha
     return -(-rows // shape.multiple) * shape.multiple
 
   if policy.kind in ("shared", "lora"):
-    return _rows(samples, shape, pad_id, rows_for(len(samples)), width, resp)
+    return _rows(samples, shape, pad_ids[0], rows_for(len(samples)), width, resp)
   blocks = [[s for s in samples if s.policy_id == p] for p in range(policy.num_policies)]
   rows = rows_for(max(len(b) for b in blocks))
-  parts = [_rows(b, shape, pad_id, rows, width, resp) for b in blocks]
+  pads = pad_ids if policy.kind == "mapped" else [pad_ids[0]] * policy.num_policies
+  parts = [_rows(b, shape, pad, rows, width, resp) for b, pad in zip(blocks, pads)]
   if policy.kind == "mapped":
     return dict(zip(policy.names, parts))
   return jax.tree.map(lambda *xs: np.stack(xs), *parts)

@@ -26,6 +26,7 @@ from absl import logging
 
 from marl_jax.algos import policies
 from marl_jax.models import loading
+from marl_jax.models.tokenizer import Tokenizer
 from marl_jax.parallel import mesh as mesh_lib
 from marl_jax.parallel.train_step import TrainConfig, make_train_step
 from marl_jax.sampling.params import SamplingParams
@@ -36,6 +37,7 @@ from marl_jax.training.llm_policy import LLMPolicy
 from marl_jax.training.metrics import make_writer
 from marl_jax.workflows import registry
 from marl_jax.workflows.rollout import Problem, RolloutConfig, rollout
+from marl_jax.workflows.spec import WorkflowSpec
 
 
 def problems(c: ml_collections.ConfigDict, first_seed: int, count: int) -> list[Problem]:
@@ -44,6 +46,37 @@ def problems(c: ml_collections.ConfigDict, first_seed: int, count: int) -> list[
   extra = c.env.kwargs.to_dict()
   return [Problem(c.env.name, dict(make_kwargs(c.env.workflow, c.env.max_turns, first_seed + i),
                                    **extra), i) for i in range(count)]
+
+
+def load_team(c: ml_collections.ConfigDict, spec: WorkflowSpec, built: config_lib.Built
+              ) -> tuple[policies.PolicyConfig, Any, list[Tokenizer]]:
+  """The team's PolicyConfig, base params and one tokenizer per model config.
+
+  A mapped team loads `c.policy.models` (one per policy, agent order; empty: `c.model` for each)
+  and names each policy after its agents, so its params and batch dicts read as the roles. A
+  model named twice is read once and copied: the train step donates its state, and two policies
+  must never share one buffer.
+  """
+  mapped = c.policy.kind == "mapped"
+  num = spec.num_policies
+  names = (tuple(c.policy.models) or (c.model,) * num) if mapped else (c.model,)
+  loaded: dict[str, loading.LoadedModel] = {}
+  params = []
+  for name in names:
+    if name in loaded:
+      params.append(jax.tree.map(np.array, loaded[name].params))
+    else:
+      loaded[name] = loading.load_model(name, dtype=c.dtype)
+      params.append(loaded[name].params)
+  models = [loaded[name] for name in names]
+  policy_names = tuple("+".join(a for a in spec.agents if spec.policy_id(a) == p)
+                       for p in range(num)) if mapped else ()
+  policy = policies.PolicyConfig(
+      kind=c.policy.kind, models=tuple(m.config for m in models), num_policies=num,
+      names=policy_names, lora=built.lora, optim=(built.optim,), critic=built.critic,
+      critic_optim=built.critic_optim)
+  base = dict(zip(policy_names, params)) if mapped else params[0]
+  return policy, base, [m.tokenizer for m in models]
 
 
 def _sampling(c: ml_collections.ConfigDict, temperature: float) -> SamplingParams:
@@ -83,12 +116,7 @@ class Run:
     self.is_main = jax.process_index() == 0
     self.spec = registry.entry(c.env.name, c.env.workflow).workflow(
         c.env.workflow, c.env.max_turns, c.policy.per_role)
-    loaded = loading.load_model(c.model, dtype=c.dtype)
-    self.tokenizer = loaded.tokenizer
-    num_policies = self.spec.num_policies
-    self.policy = policies.PolicyConfig(
-        kind=c.policy.kind, models=(loaded.config,), num_policies=num_policies,
-        lora=built.lora, optim=(built.optim,))
+    self.policy, base, self.tokenizers = load_team(c, self.spec, built)
     shape = config_lib.mesh_shape(tuple(c.train.mesh), jax.device_count())
     self.mesh = mesh_lib.make_mesh(*shape)
     self.shape = batching.BatchShape(
@@ -100,20 +128,20 @@ class Run:
     self.fns = make_train_step(TrainConfig(
         policy=self.policy, advantage=built.advantage, loss=built.loss, space=self.shape.space,
         agent_policies=tuple(self.spec.policy_id(a) for a in self.spec.agents),
-        temperature=temperature, micro_batches=c.train.micro_batches, remat=c.train.remat),
-        self.mesh)
+        temperature=temperature, micro_batches=c.train.micro_batches, remat=c.train.remat,
+        target_kl=c.train.target_kl), self.mesh)
     self.run_key = jax.random.key(c.seed)
     trainable, frozen = policies.init_params(self.policy, jax.random.fold_in(self.run_key, 1),
-                                             base=loaded.params)
+                                             base=base)
     trainable, self.frozen = self.fns.shard_params(trainable, frozen)
     self.state = self.fns.init(trainable)
     self.rollout_cfg = RolloutConfig(mode=c.rollout.mode, k=c.rollout.k,
                                      tool_timeout_s=c.rollout.tool_timeout_s,
                                      tool_memory_mb=c.rollout.tool_memory_mb,
                                      record_traces=False)
-    self.train_policy = LLMPolicy(self.policy, [self.tokenizer], _sampling(c, c.sampling.temperature),
-                                  self.run_key)
-    self.eval_policy = LLMPolicy(self.policy, [self.tokenizer], _sampling(c, c.eval.temperature),
+    self.train_policy = LLMPolicy(self.policy, self.tokenizers,
+                                  _sampling(c, c.sampling.temperature), self.run_key)
+    self.eval_policy = LLMPolicy(self.policy, self.tokenizers, _sampling(c, c.eval.temperature),
                                  self.run_key)
     self.checkpointer = Checkpointer.from_config(c.checkpoint, workdir)
 
@@ -142,8 +170,11 @@ class Run:
     result = rollout(problems(c, step * c.rollout.problems_per_step, c.rollout.problems_per_step),
                      self.spec, self.train_policy.generate, self.params, self.rollout_cfg)
     rollout_s = time.monotonic() - start
-    batch = batching.build_batch(result.samples, self.policy, self.shape, self.tokenizer.pad_id)
-    self.state, metrics = self.fns.step(self.state, self.frozen, self.fns.shard_batch(batch))
+    batch = self.fns.shard_batch(batching.build_batch(
+        result.samples, self.policy, self.shape, [t.pad_id for t in self.tokenizers]))
+    if self.fns.old_values is not None:  # MARFT: GAE needs the critic's values of these states
+      batch = self.fns.old_values(self.state.params, self.frozen, batch)
+    self.state, metrics = self.fns.step(self.state, self.frozen, batch)
     out = _scalars(metrics, self.spec.agents)
     out.update(_rollout_metrics(result, self.spec.agents))
     out.update({"time/rollout_s": rollout_s, "time/train_s": time.monotonic() - start - rollout_s})
