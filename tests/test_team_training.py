@@ -9,6 +9,7 @@ a NumPy value head over the frozen base's hidden states, a NumPy teacher-forced 
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -265,3 +266,16 @@ def test_team_config_errors_fail_before_compute(edit, message):
   with pytest.raises(ValueError, match=message) as info:
     config_lib.build(c)
   assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["drmas_math", "drmas_search"])
+@pytest.mark.parametrize("cpu", [False, True])
+def test_drmas_hetero_presets_map_one_model_per_agent(name, cpu):
+  """The Dr. MAS `hetero` variants: a mapped team with one model per agent, in agent order."""
+  module = importlib.import_module(f"configs.{name}")
+  c = module.get_config("hetero,cpu" if cpu else "hetero")
+  config_lib.build(c)
+  spec = registry.entry(c.env.name, c.env.workflow).workflow(c.env.workflow, c.env.max_turns,
+                                                             c.policy.per_role)
+  assert c.policy.kind == "mapped" and len(c.policy.models) == len(spec.agents)
+  assert c.policy.models == ((c.model,) * len(spec.agents) if cpu else module.HETERO)
