@@ -20,10 +20,17 @@ import pytest
 
 import toy_task
 from configs import marft_math
+from marl_jax.algos import policies
+from marl_jax.algos.advantages import AdvantageConfig
+from marl_jax.algos.batch import GroupSpace, make_batch
+from marl_jax.algos.losses import LossConfig
 from marl_jax.envs import base as envs_base
 from marl_jax.models import config as model_config
 from marl_jax.models import decoder, hf
 from marl_jax.models.loading import load_model
+from marl_jax.models.lora import LoraConfig
+from marl_jax.parallel.mesh import make_mesh
+from marl_jax.parallel.train_step import TrainBatch, TrainConfig, make_train_step
 from marl_jax.traces import replay, store
 from marl_jax.traces.schema import validate
 from marl_jax.training import config as config_lib
@@ -279,3 +286,42 @@ def test_drmas_hetero_presets_map_one_model_per_agent(name, cpu):
                                                              c.policy.per_role)
   assert c.policy.kind == "mapped" and len(c.policy.models) == len(spec.agents)
   assert c.policy.models == ((c.model,) * len(spec.agents) if cpu else module.HETERO)
+
+
+def test_old_values_on_fsdp_mesh_match_numpy():
+  """`TrainFns.old_values` with the frozen base FSDP-sharded over (data=2, fsdp=4): every valid
+  token's value and each sample's first-token value equal the NumPy value head; padding is 0."""
+  model = model_config.get_preset("tiny-llama")
+  n, tp, r = 16, 6, 5
+  policy = policies.PolicyConfig(kind="lora", models=(model,), num_policies=2,
+                                 lora=LoraConfig(rank=2, alpha=4.0), critic=(12, 8))
+  space = GroupSpace(num_problems=n // 2, max_turns=1, num_agents=2, num_trajs=n // 2)
+  cfg = TrainConfig(policy=policy, advantage=AdvantageConfig("gae_token"), loss=LossConfig(),
+                    space=space)
+  fns = make_train_step(cfg, make_mesh(2, 4, 1), compiler_options={
+      "xla_backend_optimization_level": 0})
+  trainable, frozen = policies.init_params(policy, jax.random.key(0))
+  rng = np.random.default_rng(0)
+  prompt_mask = np.arange(tp)[None] >= rng.integers(0, 3, n)[:, None]
+  token_mask = np.arange(r)[None] < rng.integers(1, r + 1, n)[:, None]
+  agent = np.arange(n) % 2
+  samples = make_batch(np.zeros(n, np.float32), token_mask=token_mask, agent_id=agent,
+                       policy_id=agent, problem_id=np.arange(n) // 2, traj_id=np.arange(n) // 2,
+                       sample_mask=np.arange(n) < n - 2, values=np.full(n, 7.0),
+                       token_values=np.full((n, r), 7.0))
+  batch = TrainBatch(prompt=rng.integers(1, model.vocab_size, (n, tp)).astype(np.int32),
+                     prompt_mask=prompt_mask,
+                     response=rng.integers(1, model.vocab_size, (n, r)).astype(np.int32),
+                     old_logp=np.zeros((n, r), np.float32), samples=samples)
+  sharded, frozen_sharded = fns.shard_params(trainable, frozen)
+  out = jax.device_get(fns.old_values(sharded, frozen_sharded, fns.shard_batch(batch)))
+  want = _np_values(jax.device_get(frozen["base"]), model, jax.device_get(trainable["critic"]),
+                    batch)
+  valid = np.asarray(samples.sample_mask)
+  tm = token_mask & valid[:, None]
+  scale = np.abs(want[tm]).max()
+  np.testing.assert_allclose(out.samples.token_values[tm], want[tm], rtol=1e-4, atol=1e-5 * scale)
+  assert np.all(out.samples.token_values[~tm] == 0) and np.all(out.samples.values[~valid] == 0)
+  np.testing.assert_allclose(out.samples.values[valid], want[valid, 0], rtol=1e-4,
+                             atol=1e-5 * scale)
+  np.testing.assert_array_equal(out.response, batch.response)  # everything else passes through

@@ -372,10 +372,9 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
     def fill(p, f, tb):
       values = policies.critic_values(pcfg, p, f, specs, tb)  # [n, R]
       s = tb.samples
-      values = jnp.where(s.token_mask, values, 0.0)
       return tb.replace(samples=s.replace(
           values=jnp.where(s.sample_mask, values[:, 0], 0.0),  # state before the action
-          token_values=values))
+          token_values=jnp.where(s.token_mask & s.sample_mask[:, None], values, 0.0)))
 
     return jax.shard_map(lambda p, f, b: groups(pcfg, b, lambda tb: fill(p, f, tb)), mesh=mesh,
                          in_specs=(specs[0], specs[1], batch_specs(batch)),
