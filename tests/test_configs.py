@@ -1,9 +1,11 @@
 """Paper configs: every preset builds, defaults are PAPERS.md's, every cpu preset trains end to end.
 
 The end-to-end runs override the model with a tiny random 2-layer Llama carrying the SmolLM2
-tokenizer (`toy_task.write_tiny_model`) and cut replies to 16 tokens: the embedded 135M model
-would take minutes per preset on 2 cores. Everything else (env, workflow, rollout mode, estimator,
-loss, team policies, checkpoints, evaluation traces) is the preset's own. A persistent compilation
+tokenizer (`toy_task.write_tiny_model`), cut replies to 16 tokens and sample without top-p
+truncation: the embedded 135M model would take minutes per preset on 2 cores, and top-p sorts the
+whole 49k vocabulary at every decoded token (~0.1 s per step on this CPU, tested in the sampler's
+own tests). Everything else (env, workflow, rollout mode, estimator, loss, team policies,
+checkpoints, evaluation traces) is the preset's own. A persistent compilation
 cache shared by the runs lets presets with identical programs (sampler shapes, train steps) reuse
 each other's compiles.
 """
@@ -31,16 +33,19 @@ from marl_jax.traces.schema import validate
 from marl_jax.workflows import registry
 from marl_jax.workflows.rollout import Generation
 
+
+def _module(name: str):
+  return importlib.import_module(f"configs.{name}")
+
+
 # Every option axis of every config file (the first option of an axis is its default).
 AXES = {
     "atgrpo_math": {"variant": common.ATGRPO_VARIANTS},
     "atgrpo_code": {"variant": common.ATGRPO_VARIANTS},
-    "drmas_math": {"estimator": common.DRMAS_ESTIMATORS, "models": common.MODELS},
-    "drmas_search": {"estimator": common.DRMAS_ESTIMATORS, "models": common.MODELS},
-    "magrpo_tldr": {"estimator": common.MAGRPO_ESTIMATORS, "models": ("full", "lora", "shared")},
-    "magrpo_arxiv": {"estimator": common.MAGRPO_ESTIMATORS, "models": ("full", "lora", "shared")},
-    "magrpo_humaneval": {"estimator": common.MAGRPO_ESTIMATORS,
-                         "models": ("full", "lora", "shared")},
+    **{name: {"estimator": common.DRMAS_ESTIMATORS, "models": _module(name).MODELS}
+       for name in ("drmas_math", "drmas_search")},
+    **{name: {"estimator": common.MAGRPO_ESTIMATORS, "models": _module(name).MODELS}
+       for name in ("magrpo_tldr", "magrpo_arxiv", "magrpo_humaneval")},
 }
 FILES = tuple(AXES)
 
@@ -53,7 +58,7 @@ def _presets():
 
 
 def _config(name: str, preset: str | None):
-  return importlib.import_module(f"configs.{name}").get_config(preset)
+  return _module(name).get_config(preset)
 
 
 def _field(c, dotted: str):
@@ -149,7 +154,7 @@ def test_variants(name, preset, want):
 
 @pytest.mark.parametrize("name, preset, message", [
     ("drmas_math", "drmas,grpo", "a second estimator 'grpo'"),
-    ("drmas_search", "hetero", "unknown option 'hetero'"),
+    ("drmas_search", "sharded", "unknown option 'sharded'"),
     ("atgrpo_code", "mas_shared,mas_lora", "a second variant"),
     ("magrpo_arxiv", "full,cpu,gpu", "unknown option 'gpu'"),
 ])
@@ -266,7 +271,7 @@ def shared_compiles(tmp_path_factory):
 def _cpu_run(name: str, model_dir: str):
   c = _config(name, "cpu")
   c.model = model_dir
-  c.sampling.max_new_tokens = 16
+  c.sampling.max_new_tokens, c.sampling.top_p = 16, 1.0
   c.logging.wandb_mode, c.logging.console, c.logging.progress = "disabled", False, False
   return c
 
