@@ -53,14 +53,17 @@ def data_fields(c: ml_collections.ConfigDict, **fields: str | None) -> None:
     c.env.kwargs[name] = config_dict.placeholder(str) if default is None else default
 
 
-def cpu_preset(c: ml_collections.ConfigDict, *, max_new_tokens: int = 48) -> None:
-  """Shrinks a run to the embedded SmolLM2-135M on a 2-core machine: 2 problems x 2 samples, short
-  replies, 2 steps, one evaluation at the end on 2 problems, per-layer remat, a checkpoint every
-  step."""
+CPU_MAX_NEW_TOKENS = 48
+
+
+def cpu_preset(c: ml_collections.ConfigDict) -> None:
+  """Shrinks a run to the embedded SmolLM2-135M on a 2-core machine: 2 problems x 2 samples,
+  48-token replies, 2 steps, one evaluation at the end on 2 problems, per-layer remat, a
+  checkpoint every step."""
   c.model = "smollm2-135m-instruct"
   c.rollout.problems_per_step = 2
   c.rollout.k = 2
-  c.sampling.max_new_tokens = max_new_tokens
+  c.sampling.max_new_tokens = CPU_MAX_NEW_TOKENS
   c.optim.lr = 1e-5
   c.train.steps = 2
   c.train.remat = True
@@ -99,7 +102,7 @@ def atgrpo_task_config(env_name: str, team_workflow: str, max_turns: int,
   c.algo.alpha = 0.0 if single else 1.0
   if cpu:
     c.eval.num_problems = 2
-    c.sampling.max_new_tokens = 48
+    c.sampling.max_new_tokens = CPU_MAX_NEW_TOKENS
   return c
 
 
@@ -110,6 +113,9 @@ def drmas_config(env_name: str, estimator: str, *, model: str, max_turns: int, q
                  k: int, entropy_coef: float) -> ml_collections.ConfigDict:
   """Dr. MAS (PAPERS.md section 2) on `env_name`'s "drmas" workflow with `estimator`: "drmas"
   (group = (question, agent), unbiased std) or the vanilla "grpo" baseline (group = question).
+  The paper's baseline scores each call with its trajectory's mean reward and normalises over the
+  K trajectory values; `grpo` here normalises each call's own reward over all the question's
+  calls (the same mean when trajectories make equally many calls, not the same std).
 
   Every call's reward is the team's episode reward minus its own format penalty (alpha = 1), K
   independent trajectories per question, no group filtering; PPO clip 0.2, dual-clip 3,
