@@ -11,8 +11,9 @@
     same config that replays the union of the two processes' rollouts. The two runs cannot sample
     the same tokens: each process draws from its own key stream (`multihost.process_key`), and a
     sampler row's key depends on its position in its process's sampler call. Given the same
-    samples, everything after the rollout must agree: the problem slices, the agreed shapes and
-    the assembled batch (hence the train metrics), and the rollout and eval metrics reduced over
+    samples, everything after the rollout must agree: the problem slices (the one process asks
+    for exactly the union of theirs), the agreed shapes and the assembled batch (hence the train
+    metrics, step 2's after step 1's update), and the rollout and eval metrics reduced over
     processes.
 
 Workers are this file run as a script (`python tests/test_multihost_train.py MODE ...`) with a
@@ -28,18 +29,38 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import multihost_utils
+from jax.sharding import PartitionSpec as P
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from marl_jax.parallel import distributed, multihost  # noqa: E402
+# pylint: disable=wrong-import-position
+from marl_jax.algos import policies  # noqa: E402
+from marl_jax.algos.advantages import AdvantageConfig  # noqa: E402
+from marl_jax.algos.batch import GroupSpace, make_batch  # noqa: E402
+from marl_jax.algos.losses import LossConfig  # noqa: E402
+from marl_jax.algos.optim import OptimConfig  # noqa: E402
+from marl_jax.models import decoder  # noqa: E402
+from marl_jax.models.config import get_preset  # noqa: E402
+from marl_jax.parallel import distributed, multihost, sharding  # noqa: E402
+from marl_jax.parallel.mesh import BATCH_AXES, make_mesh  # noqa: E402
+from marl_jax.parallel.train_batch import TrainBatch  # noqa: E402
+from marl_jax.parallel.train_step import TrainConfig, make_train_step  # noqa: E402
+from marl_jax.training.metrics import read_metrics  # noqa: E402
+# marl_jax.training.trainer and toy_task start the jax backend when imported: the workers import
+# them after `initialize_distributed`.
 
 NUM_PROCESSES, LOCAL_DEVICES, STEPS = 2, 2, 2
 N, TP, R, A, K = 16, 6, 4, 2, 4  # samples, prompt len, response len, agents, samples per group
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+# The trainer takes no compiler options: the same fast-compile settings for its subprocesses.
+FAST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 TIMEOUT_S = 300
 
 
@@ -47,13 +68,6 @@ TIMEOUT_S = 300
 
 
 def _train_config():
-  from marl_jax.algos import policies  # pylint: disable=import-outside-toplevel
-  from marl_jax.algos.advantages import AdvantageConfig  # pylint: disable=import-outside-toplevel
-  from marl_jax.algos.batch import GroupSpace  # pylint: disable=import-outside-toplevel
-  from marl_jax.algos.losses import LossConfig  # pylint: disable=import-outside-toplevel
-  from marl_jax.algos.optim import OptimConfig  # pylint: disable=import-outside-toplevel
-  from marl_jax.models.config import get_preset  # pylint: disable=import-outside-toplevel
-  from marl_jax.parallel.train_step import TrainConfig  # pylint: disable=import-outside-toplevel
   policy = policies.PolicyConfig(kind="shared", models=(get_preset("tiny-llama"),),
                                  num_policies=1,
                                  optim=(OptimConfig(lr=1e-3, eps=1e-2, max_grad_norm=1.0),))
@@ -64,13 +78,6 @@ def _train_config():
 def _make_inputs(path: Path) -> None:
   """Params and a 16-sample batch whose problem groups 0 and 2 straddle the two processes' halves
   (rows 0-7 | 8-15), so the advantages need statistics from both; written to `path`."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from marl_jax.algos import policies  # pylint: disable=import-outside-toplevel
-  from marl_jax.algos.batch import make_batch  # pylint: disable=import-outside-toplevel
-  from marl_jax.models import decoder  # pylint: disable=import-outside-toplevel
-  from marl_jax.parallel.train_batch import TrainBatch  # pylint: disable=import-outside-toplevel
-
   cfg = _train_config()
   model = cfg.policy.models[0]
   trainable, frozen = jax.jit(policies.init_params, static_argnums=0,
@@ -105,13 +112,8 @@ def _make_inputs(path: Path) -> None:
 def _run_steps(mesh, inputs, rows: slice):
   """STEPS real train steps on `mesh`, this process feeding `rows` of the batch.
 
-  Returns (per-step metrics as host arrays, final TrainState, train fns).
+  Returns (per-step metrics as host arrays, final TrainState).
   """
-  import jax  # pylint: disable=import-outside-toplevel
-  from jax.sharding import PartitionSpec as P  # pylint: disable=import-outside-toplevel
-  from marl_jax.parallel.mesh import BATCH_AXES  # pylint: disable=import-outside-toplevel
-  from marl_jax.parallel.train_step import make_train_step  # pylint: disable=import-outside-toplevel
-
   trainable, frozen, batch = inputs
   fns = make_train_step(_train_config(), mesh, compiler_options=FAST_COMPILE)
   trainable, frozen = fns.shard_params(trainable, frozen)
@@ -122,7 +124,7 @@ def _run_steps(mesh, inputs, rows: slice):
   for _ in range(STEPS):
     state, metrics = fns.step(state, frozen, global_batch)
     history.append({k: np.asarray(v) for k, v in jax.device_get(metrics).items()})
-  return history, state, fns
+  return history, state
 
 
 def _pointers(x) -> set[int]:
@@ -131,12 +133,6 @@ def _pointers(x) -> set[int]:
 
 def _check_exchanges(mesh, state, trainable_np, out: dict) -> None:
   """multihost.* in two processes; results go into `out` for the test to assert on."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-  from marl_jax.algos import policies  # pylint: disable=import-outside-toplevel
-  from marl_jax.parallel import sharding  # pylint: disable=import-outside-toplevel
-  from marl_jax.parallel.mesh import make_mesh  # pylint: disable=import-outside-toplevel
-
   p = jax.process_index()
   out["slice"] = list(multihost.process_slice(5))
   out["agree_max"] = list(multihost.agree_max([p + 1, 10 - p, 7]))
@@ -174,16 +170,12 @@ def _check_exchanges(mesh, state, trainable_np, out: dict) -> None:
 
 
 def _worker_step(process_id: int, port: int, out_dir: str) -> None:
-  import jax  # pylint: disable=import-outside-toplevel
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-  from marl_jax.parallel.mesh import make_mesh  # pylint: disable=import-outside-toplevel
-
   distributed.initialize_distributed(f"127.0.0.1:{port}", NUM_PROCESSES, process_id,
                                      initialization_timeout_s=60)
   inputs = pickle.loads((Path(out_dir) / "inputs.pkl").read_bytes())
   mesh = make_mesh(data=NUM_PROCESSES, fsdp=LOCAL_DEVICES)
   half = N // NUM_PROCESSES
-  history, state, _ = _run_steps(mesh, inputs, slice(process_id * half, (process_id + 1) * half))
+  history, state = _run_steps(mesh, inputs, slice(process_id * half, (process_id + 1) * half))
   result = {"history": history,
             "params": multihost_utils.process_allgather(state.params, tiled=True)}
   _check_exchanges(mesh, state, inputs[0], result)
@@ -198,16 +190,18 @@ def _toy_config(model_dir: str):
   c = toy_task.toy_config(model_dir, steps=STEPS)
   c.train.mesh = (NUM_PROCESSES, LOCAL_DEVICES, 1)
   c.eval.every, c.eval.num_problems, c.eval.k = STEPS, 2, 1
+  c.eval.temperature = c.sampling.temperature  # the train rollouts' sampler program serves it
+  c.checkpoint.every_steps = STEPS
   return c
 
 
 def _worker_train(process_id: int, port: int, out_dir: str, model_dir: str) -> None:
   """trainer.train, recording every rollout and every step's scalars of this process."""
+  distributed.initialize_distributed(f"127.0.0.1:{port}", NUM_PROCESSES, process_id,
+                                     initialization_timeout_s=60)
   import toy_task  # pylint: disable=import-outside-toplevel
   from marl_jax.training import evaluation, trainer  # pylint: disable=import-outside-toplevel
 
-  distributed.initialize_distributed(f"127.0.0.1:{port}", NUM_PROCESSES, process_id,
-                                     initialization_timeout_s=60)
   toy_task.register()
   rollouts, scalars = [], []
 
@@ -242,11 +236,18 @@ def _reference_train(out_dir: str, model_dir: str) -> None:
   toy_task.register()
   recorded = [pickle.loads((Path(out_dir) / f"train_{p}.pkl").read_bytes())["rollouts"]
               for p in range(NUM_PROCESSES)]
-  calls = iter([RolloutResult([s for _, r in parts for s in r.samples],
-                              sorted([e for _, r in parts for e in r.episodes],
-                                     key=lambda e: e.traj_id))
-                for parts in zip(*recorded)])
-  replay = lambda problems, *args, **kwargs: next(calls)
+  calls = iter(zip(*recorded))
+
+  def replay(problems, *args, **kwargs):
+    parts = next(calls)
+    ids = [i for p_ids, _ in parts for i in p_ids]
+    if [p.problem_id for p in problems] != ids:
+      raise ValueError(f"one process asked for problems {[p.problem_id for p in problems]}; "
+                       f"the workers rolled out {ids}")
+    return RolloutResult([s for _, r in parts for s in r.samples],
+                         sorted([e for _, r in parts for e in r.episodes],
+                                key=lambda e: e.traj_id))
+
   trainer.rollout = evaluation.rollout = replay
   trainer.train(_toy_config(model_dir), str(Path(out_dir) / "reference"))
 
@@ -263,7 +264,7 @@ def _free_port() -> int:
 def _env(devices: int) -> dict[str, str]:
   env = dict(os.environ, JAX_PLATFORMS="cpu", WANDB_MODE="disabled",
              PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]),
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} " + FAST_XLA_FLAGS)
   env.pop(distributed.METHOD_ENV, None)
   return env
 
@@ -307,9 +308,6 @@ def test_process_slice_is_contiguous_and_covers_every_id():
 
 
 def test_real_train_step_in_two_processes_matches_one_process(tmp_path):
-  import jax  # pylint: disable=import-outside-toplevel
-  from marl_jax.parallel.mesh import make_mesh  # pylint: disable=import-outside-toplevel
-
   _make_inputs(tmp_path / "inputs.pkl")
   port = str(_free_port())
   procs = [_start("step", str(p), port, str(tmp_path), devices=LOCAL_DEVICES)
@@ -317,7 +315,7 @@ def test_real_train_step_in_two_processes_matches_one_process(tmp_path):
   try:  # the reference runs here, over 4 of this process's 8 devices, while the workers run
     inputs = pickle.loads((tmp_path / "inputs.pkl").read_bytes())
     mesh = make_mesh(data=2, fsdp=2, devices=jax.devices()[:4])
-    want_history, want_state, _ = _run_steps(mesh, inputs, slice(None))
+    want_history, want_state = _run_steps(mesh, inputs, slice(None))
     want_params = jax.device_get(want_state.params)
   finally:
     _wait(procs)
@@ -353,7 +351,6 @@ def test_real_train_step_in_two_processes_matches_one_process(tmp_path):
 
 
 def _metrics(workdir: Path) -> dict[int, dict[str, float]]:
-  from marl_jax.training.metrics import read_metrics  # pylint: disable=import-outside-toplevel
   return {r["step"]: {k: v for k, v in r.items() if not k.startswith("time/")}
           for r in read_metrics(workdir)}
 
@@ -373,13 +370,11 @@ def test_trainer_in_two_processes_matches_one_process_on_the_same_rollouts(tmp_p
     train_samples = r["rollouts"][0][1].samples
     assert {s.problem_id for s in train_samples} == {p}
     assert {s.traj_id for s in train_samples} == set(range(4 * p, 4 * p + 4))
-  # Each process sampled its own tokens (its own key stream), yet both log the same numbers.
-  tokens = [[s.generation.token_ids for s in r["rollouts"][0][1].samples] for r in runs]
-  assert tokens[0] != tokens[1]
+  # Both processes return the same, global numbers (only process 0 writes them).
   for a, b in zip(runs[0]["scalars"], runs[1]["scalars"]):
     assert {k: v for k, v in a.items() if not k.startswith("time/")} == {
         k: v for k, v in b.items() if not k.startswith("time/")}
-  assert runs[0]["summary"]["skipped_updates"] == 0
+  assert runs[0]["summary"]["skipped_updates"] == runs[1]["summary"]["skipped_updates"] == 0
 
   got, want = _metrics(tmp_path / "run"), _metrics(tmp_path / "reference")
   assert sorted(got) == sorted(want) == [1, 2]
