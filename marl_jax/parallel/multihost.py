@@ -134,8 +134,9 @@ def process_local(tree: Any, mesh: Mesh) -> Any:
     * gather: otherwise ('fsdp' spans hosts) the leaf is all-gathered with `process_allgather`,
       one leaf at a time (the reshard puts the whole leaf on every device for a moment), copied
       to host memory and placed on the local devices, FSDP-sharded over them where it divides.
-      Cost per call: every host receives the full param bytes over the network and holds one
-      full copy in host RAM; derive it once per step, not per sampler call.
+      Cost per call: every host receives the full param bytes over the network (one leaf at a
+      time passes through host memory) and its devices then hold one more copy of the params,
+      sharded over them; derive it once per step, not per sampler call.
   Every process must call this with the same tree and mesh (the gather is a collective).
   """
   if jax.process_count() == 1:
