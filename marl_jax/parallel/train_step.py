@@ -3,7 +3,9 @@
     fns = make_train_step(TrainConfig(...), mesh)
     trainable, frozen = fns.shard_params(trainable, frozen)
     state = fns.init(trainable)                             # TrainState (takes ownership)
-    state, metrics = fns.step(state, frozen, fns.shard_batch(batch))
+    batch = fns.shard_batch(batch)
+    batch = fns.old_values(state.params, frozen, batch)     # critic configs only (MARFT)
+    state, metrics = fns.step(state, frozen, batch)
 
 Inside the shard_map each device holds a slice of the samples and FSDP shards of the params:
   1. advantages on device: the estimator psums its segment statistics over ('data', 'fsdp'), so
@@ -51,9 +53,10 @@ from marl_jax.parallel import sharding, train_batch
 from marl_jax.parallel.mesh import BATCH_AXES, FSDP, batch_shards
 from marl_jax.parallel.train_batch import TrainBatch, groups
 
-__all__ = ["TrainBatch", "TrainConfig", "TrainFns", "TrainState", "make_train_step"]
+__all__ = ["CRITIC_ESTIMATORS", "TrainBatch", "TrainConfig", "TrainFns", "TrainState",
+           "make_train_step"]
 
-_CRITIC_ESTIMATORS = ("gae_action", "gae_token")
+CRITIC_ESTIMATORS = ("gae_action", "gae_token")  # MARFT: advantages from the critic's values
 
 
 @flax.struct.dataclass
@@ -110,7 +113,7 @@ class TrainConfig:
     if missing:
       raise ValueError(f"agent_policies {self.agent_policies} name policy ids {missing} with no "
                        f"params; the policy config holds {Pn} policies")
-    needs_critic = self.advantage.estimator in _CRITIC_ESTIMATORS
+    needs_critic = self.advantage.estimator in CRITIC_ESTIMATORS
     if needs_critic != (self.policy.critic is not None):
       raise ValueError(f"estimator {self.advantage.estimator!r} "
                        f"{'needs' if needs_critic else 'does not use'} a critic, but the policy "
@@ -135,6 +138,9 @@ class TrainFns(NamedTuple):
   grads: Callable[[Any, Any, Any], tuple[Any, dict[str, jax.Array]]]  # no update
   shard_params: Callable[[Any, Any], tuple[Any, Any]]  # (trainable, frozen) -> on the mesh
   shard_batch: Callable[[Any], Any]
+  # (trainable, frozen, batch) -> the batch with the critic's rollout-time values filled in
+  # (`samples.values`, `samples.token_values`); None without a critic.
+  old_values: Callable[[Any, Any, Any], Any] | None = None
 
 
 def _reduce_axes(spec: P) -> tuple[str, ...]:
@@ -357,7 +363,25 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
                            skipped=state.skipped + (~finite).astype(jnp.int32))
     return new_state, metrics
 
+  def sharded_old_values(params, frozen, batch):
+    """The critic's values of the batch's states before the update (the old values GAE and the
+    clipped value loss need). One forward of the frozen base over the whole local batch: with
+    no gradients kept it needs a layer's activations at a time, so no micro-batching."""
+    specs = param_specs(params, frozen)
+
+    def fill(p, f, tb):
+      values = policies.critic_values(pcfg, p, f, specs, tb)  # [n, R]
+      s = tb.samples
+      return tb.replace(samples=s.replace(
+          values=jnp.where(s.sample_mask, values[:, 0], 0.0),  # state before the action
+          token_values=jnp.where(s.token_mask & s.sample_mask[:, None], values, 0.0)))
+
+    return jax.shard_map(lambda p, f, b: groups(pcfg, b, lambda tb: fill(p, f, tb)), mesh=mesh,
+                         in_specs=(specs[0], specs[1], batch_specs(batch)),
+                         out_specs=batch_specs(batch))(params, frozen, batch)
+
   jitted_grads = jax.jit(sharded_grads, compiler_options=compiler_options)
+  jitted_old_values = jax.jit(sharded_old_values, compiler_options=compiler_options)
   step_jits: dict[Any, Any] = {}
 
   def check(batch):
@@ -378,6 +402,10 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
     check(batch)
     return jitted_grads(params, frozen, batch)
 
+  def checked_old_values(params, frozen, batch):
+    check(batch)
+    return jitted_old_values(params, frozen, batch)
+
   def shard_params(trainable, frozen):
     specs = param_specs(trainable, frozen)
     return sharding.put(trainable, mesh, specs[0]), sharding.put(frozen, mesh, specs[1])
@@ -396,4 +424,4 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
     return sharding.put(batch, mesh, batch_specs(batch))
 
   return TrainFns(init=init, step=checked_step, grads=checked_grads, shard_params=shard_params,
-                  shard_batch=shard_batch)
+                  shard_batch=shard_batch, old_values=checked_old_values if critic else None)

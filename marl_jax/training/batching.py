@@ -101,12 +101,17 @@ def batch_sizes(samples: Sequence[Sample], policy: PolicyConfig, shape: BatchSha
 
 
 def build_batch(samples: Sequence[Sample], policy: PolicyConfig, shape: BatchShape,
-                pad_id: int, sizes: tuple[int, int, int] | None = None):
+                pad_ids: Sequence[int], sizes: tuple[int, int, int] | None = None):
   """The step's TrainBatch in the layout of `policy` (flat, [P, n, ...] blocks, or a dict).
 
+  `pad_ids`: one per model config of `policy` (a mapped team's models each pad with their own
+  tokenizer's id, which must lie in that model's vocabulary); padding is masked out either way.
   `sizes`: (rows per block, prompt width, response width), at least `batch_sizes(samples, ...)`;
   default: exactly those.
   """
+  if len(pad_ids) != len(policy.models):
+    raise ValueError(f"{len(pad_ids)} pad ids for the {len(policy.models)} model config(s) of "
+                     f"a {policy.kind!r} policy; expected one per model")
   need = batch_sizes(samples, policy, shape)
   rows, width, resp = need if sizes is None else sizes
   if any(s < n for s, n in zip((rows, width, resp), need)):
@@ -117,9 +122,10 @@ def build_batch(samples: Sequence[Sample], policy: PolicyConfig, shape: BatchSha
     raise ValueError(f"samples {empty[:5]} have no response tokens; train batches need the "
                      "sampler's token ids (scripted policies cannot be trained)")
   if policy.kind in ("shared", "lora"):
-    return _rows(samples, shape, pad_id, rows, width, resp)
+    return _rows(samples, shape, pad_ids[0], rows, width, resp)
   blocks = [[s for s in samples if s.policy_id == p] for p in range(policy.num_policies)]
-  parts = [_rows(b, shape, pad_id, rows, width, resp) for b in blocks]
+  pads = pad_ids if policy.kind == "mapped" else [pad_ids[0]] * policy.num_policies
+  parts = [_rows(b, shape, pad, rows, width, resp) for b, pad in zip(blocks, pads)]
   if policy.kind == "mapped":
     return dict(zip(policy.names, parts))
   return jax.tree.map(lambda *xs: np.stack(xs), *parts)

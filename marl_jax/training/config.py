@@ -22,13 +22,18 @@ from ml_collections import config_dict
 from marl_jax.algos.advantages import AdvantageConfig
 from marl_jax.algos.losses import LossConfig
 from marl_jax.algos.optim import OptimConfig
+from marl_jax.algos.policies import PolicyConfig
 from marl_jax.envs import base as envs_base
 from marl_jax.models import config as model_config
 from marl_jax.models.lora import LoraConfig
+from marl_jax.parallel.train_step import CRITIC_ESTIMATORS
 from marl_jax.training import checkpoint, metrics
 from marl_jax.workflows import registry, rollout
+from marl_jax.workflows.spec import WorkflowSpec
 
-POLICY_KINDS = ("shared", "lora", "stacked")
+POLICY_KINDS = ("shared", "lora", "stacked", "mapped")
+# The value head's optimizer defaults (MARFT: gradients clipped at 0.5), from PolicyConfig.
+_CRITIC_OPTIM = {f.name: f.default for f in dataclasses.fields(PolicyConfig)}["critic_optim"]
 
 
 def section(obj: Any) -> ml_collections.ConfigDict:
@@ -55,8 +60,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = "smollm2-135m-instruct"
   c.dtype = "float32"
   # Team policies: "shared" (one model, role prompts), "lora" (one adapter per role over a frozen
-  # base), "stacked" (one full model per role).
-  c.policy = ml_collections.ConfigDict(dict(kind="shared", per_role=False))
+  # base), "stacked" (one full model per role), "mapped" (one full model per role, each its own
+  # architecture and tokenizer: `models` lists one name or path per policy in agent order; empty
+  # = `model` for every policy). `critic`: hidden sizes of MARFT's value head over the frozen
+  # LoRA base (e.g. (1024, 512)); None = no critic.
+  c.policy = ml_collections.ConfigDict(dict(
+      kind="shared", per_role=False, models=(), critic=config_dict.placeholder(tuple),
+      critic_optim=section(_CRITIC_OPTIM)))
   c.lora = section(LoraConfig())
   # The environment, its workflow variant (workflows/registry.py) and extra make_env kwargs.
   c.env = ml_collections.ConfigDict(dict(name="plan_path", workflow="mas", max_turns=4,
@@ -70,8 +80,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim = section(OptimConfig())
   c.name = "run"
   # eval_only: the table rows without RL (experiments.train refuses them; evaluate runs them).
+  # target_kl: skip a policy update whose approximate KL exceeds it (MARFT); None = never.
   c.train = ml_collections.ConfigDict(dict(steps=200, micro_batches=1, remat=False,
-                                           mesh=(-1, 1, 1), eval_only=False))
+                                           mesh=(-1, 1, 1), eval_only=False,
+                                           target_kl=config_dict.placeholder(float)))
   c.eval = ml_collections.ConfigDict(dict(every=10, num_problems=100, seed_offset=1_000_000,
                                           k=1, temperature=0.0, at_start=True))
   c.checkpoint = checkpoint.default_config()  # every_steps, max_to_keep, async_save
@@ -88,6 +100,8 @@ class Built:
   loss: LossConfig
   optim: OptimConfig
   lora: LoraConfig | None
+  critic: tuple[int, ...] | None
+  critic_optim: OptimConfig
 
 
 def _dataclass(cls, section_cfg: ml_collections.ConfigDict, name: str):
@@ -115,9 +129,11 @@ def build(c: ml_collections.ConfigDict) -> Built:
     raise ValueError(f"config.env: {e}") from None
   _one_of(c.rollout.mode, rollout.MODES, "rollout.mode")
   _one_of(c.dtype, ("float32", "bfloat16"), "dtype")
-  if not (c.model in model_config.PRESETS or os.path.exists(c.model)):
-    raise ValueError(f"config.model={c.model!r} is neither a known preset "
-                     f"({sorted(model_config.PRESETS)}) nor an existing file or directory")
+  for field, name in [("model", c.model)] + [(f"policy.models[{i}]", m)
+                                             for i, m in enumerate(c.policy.models)]:
+    if not (isinstance(name, str) and (name in model_config.PRESETS or os.path.exists(name))):
+      raise ValueError(f"config.{field}={name!r} is neither a known preset "
+                       f"({sorted(model_config.PRESETS)}) nor an existing file or directory")
   for field in ("rollout.k", "rollout.problems_per_step", "train.steps", "env.max_turns",
                 "eval.every", "eval.num_problems", "eval.k", "train.micro_batches",
                 "checkpoint.every_steps", "checkpoint.max_to_keep", "sampling.max_new_tokens"):
@@ -127,19 +143,61 @@ def build(c: ml_collections.ConfigDict) -> Built:
       raise ValueError(f"config.{field}={value!r}; expected an integer >= 1")
   if c.policy.kind == "shared" and spec.num_policies > 1:
     raise ValueError("config.policy.kind='shared' puts every role on one model; per_role=True "
-                     "needs kind 'lora' or 'stacked'")
+                     "needs kind 'lora', 'stacked' or 'mapped'")
   if c.policy.kind != "shared" and spec.num_policies < 2:
     raise ValueError(f"config.policy.kind={c.policy.kind!r} needs one policy per role, but the "
                      f"{c.env.workflow!r} workflow of {c.env.name!r} has "
                      f"{'one agent' if len(spec.agents) == 1 else 'per_role=False'}; use "
                      "kind='shared' or set config.policy.per_role=True")
+  _check_team(c, spec)
   if len(c.train.mesh) != 3:
     raise ValueError(f"config.train.mesh={tuple(c.train.mesh)}; expected (data, fsdp, tensor) "
                      "sizes, -1 for 'all remaining devices'")
   return Built(advantage=_dataclass(AdvantageConfig, c.algo, "algo"),
                loss=_dataclass(LossConfig, c.loss, "loss"),
                optim=_dataclass(OptimConfig, c.optim, "optim"),
-               lora=_dataclass(LoraConfig, c.lora, "lora") if c.policy.kind == "lora" else None)
+               lora=_dataclass(LoraConfig, c.lora, "lora") if c.policy.kind == "lora" else None,
+               critic=None if c.policy.critic is None else tuple(c.policy.critic),
+               critic_optim=_dataclass(OptimConfig, c.policy.critic_optim,
+                                       "policy.critic_optim"))
+
+
+def _check_team(c: ml_collections.ConfigDict, spec: WorkflowSpec) -> None:
+  """Per-policy models of a mapped team, and the MARFT critic with what it needs."""
+  kind, models, num = c.policy.kind, tuple(c.policy.models), spec.num_policies
+  if models and kind != "mapped":
+    raise ValueError(f"config.policy.models lists {len(models)} per-policy models, which only "
+                     f"kind 'mapped' uses; got config.policy.kind={kind!r}")
+  if kind == "mapped" and len(models) not in (0, num):
+    raise ValueError(f"config.policy.models has {len(models)} entries but the "
+                     f"{c.env.workflow!r} workflow of {c.env.name!r} has {num} policies "
+                     f"(agents {spec.agents}); give one per policy in agent order, or () to "
+                     "use config.model for every policy")
+  critic, estimator = c.policy.critic, c.algo.estimator
+  needs = estimator in CRITIC_ESTIMATORS
+  if needs and critic is None:
+    raise ValueError(f"config.algo.estimator={estimator!r} needs a critic; set "
+                     "config.policy.critic to the value head's hidden sizes, e.g. (1024, 512)")
+  if critic is not None and not needs:
+    raise ValueError(f"config.policy.critic={tuple(critic)!r} but config.algo.estimator="
+                     f"{estimator!r} uses no critic; set config.policy.critic=None or an "
+                     f"estimator in {list(CRITIC_ESTIMATORS)}")
+  if critic is not None:
+    if not critic or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1
+                             for h in critic):
+      raise ValueError(f"config.policy.critic={tuple(critic)!r}; expected hidden sizes, "
+                       "integers >= 1")
+    if kind != "lora":
+      raise ValueError(f"config.policy.critic needs config.policy.kind='lora' (the frozen base "
+                       f"model is the critic's trunk), got {kind!r}")
+  if needs and c.rollout.mode != "independent":
+    raise ValueError(f"config.rollout.mode={c.rollout.mode!r} puts K samples in one "
+                     f"(trajectory, turn, agent) step; estimator {estimator!r} needs "
+                     "'independent' rollouts")
+  target_kl = c.train.target_kl
+  if target_kl is not None and (not target_kl > 0 or c.loss.policy_loss != "ppo"):
+    raise ValueError(f"config.train.target_kl={target_kl!r} needs a value > 0 and "
+                     f"config.loss.policy_loss='ppo' (got {c.loss.policy_loss!r})")
 
 
 def mesh_shape(requested: tuple[int, int, int], num_devices: int) -> tuple[int, int, int]:

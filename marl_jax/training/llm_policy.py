@@ -26,6 +26,9 @@ class LLMPolicy:
 
   def __init__(self, policy: PolicyConfig, tokenizers: Sequence[Any], sampling: SamplingParams,
                key: jax.Array):
+    if len(tokenizers) != len(policy.models):
+      raise ValueError(f"{len(tokenizers)} tokenizers for the {len(policy.models)} model "
+                       f"config(s) of a {policy.kind!r} policy; expected one per model")
     self.policy = policy
     self.tokenizers = list(tokenizers)  # one per model config (mapped teams), else one
     self.samplers = [Sampler(m, t) for m, t in zip(policy.models, self.tokenizers)]

@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from marl_jax.algos import policies
 from marl_jax.models import loading
+from marl_jax.models.tokenizer import Tokenizer
 from marl_jax.parallel import distributed, multihost, train_batch
 from marl_jax.parallel import mesh as mesh_lib
 from marl_jax.parallel.train_step import TrainConfig, make_train_step
@@ -45,6 +46,7 @@ from marl_jax.training.llm_policy import LLMPolicy
 from marl_jax.training.metrics import make_writer
 from marl_jax.workflows import registry
 from marl_jax.workflows.rollout import Problem, RolloutConfig, rollout
+from marl_jax.workflows.spec import WorkflowSpec
 
 
 def problems(c: ml_collections.ConfigDict, first_seed: int, count: int,
@@ -55,6 +57,37 @@ def problems(c: ml_collections.ConfigDict, first_seed: int, count: int,
   extra = c.env.kwargs.to_dict()
   return [Problem(c.env.name, dict(make_kwargs(c.env.workflow, c.env.max_turns, first_seed + i),
                                    **extra), i) for i in (range(count) if ids is None else ids)]
+
+
+def load_team(c: ml_collections.ConfigDict, spec: WorkflowSpec, built: config_lib.Built
+              ) -> tuple[policies.PolicyConfig, Any, list[Tokenizer]]:
+  """The team's PolicyConfig, base params and one tokenizer per model config.
+
+  A mapped team loads `c.policy.models` (one per policy, agent order; empty: `c.model` for each)
+  and names each policy after its agents, so its params and batch dicts read as the roles. A
+  model named twice is read once and copied: the train step donates its state, and two policies
+  must never share one buffer.
+  """
+  mapped = c.policy.kind == "mapped"
+  num = spec.num_policies
+  names = (tuple(c.policy.models) or (c.model,) * num) if mapped else (c.model,)
+  loaded: dict[str, loading.LoadedModel] = {}
+  params = []
+  for name in names:
+    if name in loaded:
+      params.append(jax.tree.map(np.array, loaded[name].params))
+    else:
+      loaded[name] = loading.load_model(name, dtype=c.dtype)
+      params.append(loaded[name].params)
+  models = [loaded[name] for name in names]
+  policy_names = tuple("+".join(a for a in spec.agents if spec.policy_id(a) == p)
+                       for p in range(num)) if mapped else ()
+  policy = policies.PolicyConfig(
+      kind=c.policy.kind, models=tuple(m.config for m in models), num_policies=num,
+      names=policy_names, lora=built.lora, optim=(built.optim,), critic=built.critic,
+      critic_optim=built.critic_optim)
+  base = dict(zip(policy_names, params)) if mapped else params[0]
+  return policy, base, [m.tokenizer for m in models]
 
 
 def _sampling(c: ml_collections.ConfigDict, temperature: float) -> SamplingParams:
@@ -95,12 +128,7 @@ class Run:
     self.is_main = jax.process_index() == 0
     self.spec = registry.entry(c.env.name, c.env.workflow).workflow(
         c.env.workflow, c.env.max_turns, c.policy.per_role)
-    loaded = loading.load_model(c.model, dtype=c.dtype)
-    self.tokenizer = loaded.tokenizer
-    num_policies = self.spec.num_policies
-    self.policy = policies.PolicyConfig(
-        kind=c.policy.kind, models=(loaded.config,), num_policies=num_policies,
-        lora=built.lora, optim=(built.optim,))
+    self.policy, base, self.tokenizers = load_team(c, self.spec, built)
     shape = config_lib.mesh_shape(tuple(c.train.mesh), jax.device_count())
     self.mesh = mesh_lib.make_mesh(*shape)
     # Each process builds its own rows of the batch: 1/processes of the rows, the same minimum.
@@ -119,11 +147,12 @@ class Run:
     self.train_cfg = TrainConfig(
         policy=self.policy, advantage=built.advantage, loss=built.loss, space=self.shape.space,
         agent_policies=tuple(self.spec.policy_id(a) for a in self.spec.agents),
-        temperature=temperature, micro_batches=c.train.micro_batches, remat=c.train.remat)
+        temperature=temperature, micro_batches=c.train.micro_batches, remat=c.train.remat,
+        target_kl=c.train.target_kl)
     self.fns = make_train_step(self.train_cfg, self.mesh)
     self.run_key = jax.random.key(c.seed)
     trainable, frozen = policies.init_params(self.policy, jax.random.fold_in(self.run_key, 1),
-                                             base=loaded.params)
+                                             base=base)
     trainable, self.frozen = self.fns.shard_params(trainable, frozen)
     self.local_frozen = multihost.process_local(self.frozen, self.mesh)  # never donated
     self.state = self.fns.init(trainable)
@@ -131,9 +160,9 @@ class Run:
                                      tool_timeout_s=c.rollout.tool_timeout_s,
                                      tool_memory_mb=c.rollout.tool_memory_mb,
                                      record_traces=False)
-    self.train_policy = LLMPolicy(self.policy, [self.tokenizer], _sampling(c, c.sampling.temperature),
-                                  self.run_key)
-    self.eval_policy = LLMPolicy(self.policy, [self.tokenizer], _sampling(c, c.eval.temperature),
+    self.train_policy = LLMPolicy(self.policy, self.tokenizers,
+                                  _sampling(c, c.sampling.temperature), self.run_key)
+    self.eval_policy = LLMPolicy(self.policy, self.tokenizers, _sampling(c, c.eval.temperature),
                                  self.run_key)
     self.checkpointer = Checkpointer.from_config(c.checkpoint, workdir)
 
@@ -169,9 +198,11 @@ class Run:
                      self.train_policy.generate, self.params, self.rollout_cfg)
     rollout_s = time.monotonic() - start
     sizes = multihost.agree_max(batching.batch_sizes(result.samples, self.policy, self.shape))
-    batch = batching.build_batch(result.samples, self.policy, self.shape, self.tokenizer.pad_id,
-                                 sizes)
-    self.state, metrics = self.fns.step(self.state, self.frozen, self._global_batch(batch))
+    batch = self._global_batch(batching.build_batch(
+        result.samples, self.policy, self.shape, [t.pad_id for t in self.tokenizers], sizes))
+    if self.fns.old_values is not None:  # MARFT: GAE needs the critic's values of these states
+      batch = self.fns.old_values(self.state.params, self.frozen, batch)
+    self.state, metrics = self.fns.step(self.state, self.frozen, batch)
     out = _scalars(metrics, self.spec.agents)
     out.update(_rollout_metrics(result, self.spec.agents))
     out.update({"time/rollout_s": rollout_s, "time/train_s": time.monotonic() - start - rollout_s})

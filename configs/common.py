@@ -1,0 +1,178 @@
+"""Pieces shared by the paper config files: preset parsing, team policies, the CPU preset and the
+local-data fields of the env kwargs.
+
+Presets are comma-separated options, one per axis at most, in any order, plus `cpu`:
+`get_config("grpo,lora,cpu")`. An axis not named takes its first option, so `get_config()` is the
+paper's main setting.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+from ml_collections import config_dict
+
+from configs.atgrpo_games import game_config
+from marl_jax.training.config import base_config
+
+# Team policies: one shared model with role prompts, one LoRA adapter per role over a frozen base,
+# or one full model per role.
+MODELS = ("shared", "lora", "full")
+
+
+def parse_preset(preset: str | None,
+                 axes: dict[str, tuple[str, ...]]) -> tuple[dict[str, str], bool]:
+  """'OPTION[,OPTION...][,cpu]' -> (the chosen option of every axis, whether `cpu` was named)."""
+  parts = [p.strip() for p in (preset or "").split(",") if p.strip()]
+  chosen: dict[str, str] = {}
+  for part in parts:
+    if part == "cpu":
+      continue
+    axis = next((name for name, options in axes.items() if part in options), None)
+    if axis is None or axis in chosen:
+      expected = "; ".join(f"{name}: {list(options)}" for name, options in axes.items())
+      problem = "unknown option" if axis is None else f"a second {axis}"
+      raise ValueError(f"config preset {preset!r}: {problem} {part!r}; expected at most one "
+                       f"option per axis ({expected}), optionally with 'cpu'")
+    chosen[axis] = part
+  return {name: chosen.get(name, options[0]) for name, options in axes.items()}, "cpu" in parts
+
+
+def apply_models(c: ml_collections.ConfigDict, models: str) -> None:
+  """Sets config.policy for one of MODELS."""
+  if models not in MODELS:
+    raise ValueError(f"unknown team models {models!r}; expected one of {list(MODELS)}")
+  c.policy.kind = {"shared": "shared", "lora": "lora", "full": "stacked"}[models]
+  c.policy.per_role = models != "shared"
+
+
+def data_fields(c: ml_collections.ConfigDict, **fields: str | None) -> None:
+  """Declares env kwargs that point at local data. The trainer's config is locked, so a field the
+  command line sets (`--config.env.kwargs.path=train.jsonl`) must exist; None makes an unset
+  string placeholder, which the workflow registry ignores (generated problems are used)."""
+  for name, default in fields.items():
+    c.env.kwargs[name] = config_dict.placeholder(str) if default is None else default
+
+
+def cpu_preset(c: ml_collections.ConfigDict, *, max_new_tokens: int = 48) -> None:
+  """Shrinks a run to the embedded SmolLM2-135M on a 2-core machine: 2 problems x 2 samples, short
+  replies, 2 steps, one evaluation at the end on 2 problems, per-layer remat, a checkpoint every
+  step."""
+  c.model = "smollm2-135m-instruct"
+  c.rollout.problems_per_step = 2
+  c.rollout.k = 2
+  c.sampling.max_new_tokens = max_new_tokens
+  c.optim.lr = 1e-5
+  c.train.steps = 2
+  c.train.remat = True
+  c.eval.every = 2
+  c.eval.num_problems = 2
+  c.eval.at_start = False
+  c.checkpoint.every_steps = 1
+
+
+ATGRPO_VARIANTS = ("mas_shared", "mas_lora", "mas_full", "mas_grpo", "single", "sa_grpo",
+                   "mas_norl")
+
+
+def atgrpo_task_config(env_name: str, team_workflow: str, max_turns: int,
+                       preset: str | None) -> ml_collections.ConfigDict:
+  """AT-GRPO on a math or code env: the table rows of configs/atgrpo_games.py (same names,
+  hyperparameters and cpu preset) with the env's own workflow names, plus `mas_grpo`: the team
+  trained with plain GRPO (independent rollouts, one group per problem), the estimator ablation.
+
+  Team rewards follow PAPERS.md ("final = alpha * global + local"): each agent's local reward plus
+  the episode's team reward (alpha = 1). The single-agent rows keep alpha = 0: their local reward
+  already is the task reward. The cpu preset runs one turn.
+  """
+  choice, cpu = parse_preset(preset, {"variant": ATGRPO_VARIANTS})
+  variant = choice["variant"]
+  base_variant = "mas_shared" if variant == "mas_grpo" else variant
+  c = game_config(env_name, {}, 1 if cpu else max_turns, base_variant + (",cpu" if cpu else ""))
+  c.name = f"atgrpo_{env_name}_{variant}"
+  single = c.env.workflow == "single"
+  c.env.workflow = "single" if single else team_workflow
+  if single:
+    c.env.max_turns = 1
+  if variant == "mas_grpo":
+    c.algo.estimator = "grpo"
+    c.rollout.mode = "independent"
+  c.algo.alpha = 0.0 if single else 1.0
+  if cpu:
+    c.eval.num_problems = 2
+    c.sampling.max_new_tokens = 48
+  return c
+
+
+DRMAS_ESTIMATORS = ("drmas", "grpo")
+
+
+def drmas_config(env_name: str, estimator: str, *, model: str, max_turns: int, questions: int,
+                 k: int, entropy_coef: float) -> ml_collections.ConfigDict:
+  """Dr. MAS (PAPERS.md section 2) on `env_name`'s "drmas" workflow with `estimator`: "drmas"
+  (group = (question, agent), unbiased std) or the vanilla "grpo" baseline (group = question).
+
+  Every call's reward is the team's episode reward minus its own format penalty (alpha = 1), K
+  independent trajectories per question, no group filtering; PPO clip 0.2, dual-clip 3,
+  token-mean, no KL, grad clip 1.0, lr 1e-6; evaluation avg@16 / pass@16 at temperature 0.6.
+  The paper evaluates at top-p 0.95; `config.sampling.top_p` is shared with training, which
+  samples at top-p 1, so evaluation here samples at top-p 1 too.
+  """
+  if estimator not in DRMAS_ESTIMATORS:
+    raise ValueError(f"unknown Dr. MAS estimator {estimator!r}; expected one of "
+                     f"{list(DRMAS_ESTIMATORS)}")
+  c = base_config()
+  c.name = f"drmas_{env_name}_{estimator}"
+  c.model = model
+  c.env.name, c.env.workflow, c.env.max_turns = env_name, "drmas", max_turns
+  c.rollout.mode, c.rollout.k, c.rollout.problems_per_step = "independent", k, questions
+  c.algo.estimator, c.algo.filter, c.algo.alpha = estimator, "none", 1.0
+  c.loss.entropy_coef = entropy_coef
+  c.eval.k, c.eval.temperature = 16, 0.6
+  return c
+
+
+MAGRPO_ESTIMATORS = ("magrpo", "rloo", "remax")
+
+
+def magrpo_config(env_name: str, estimator: str, *, model: str, lr: float,
+                  env_kwargs: dict[str, str] | None = None) -> ml_collections.ConfigDict:
+  """MAGRPO (PAPERS.md section 3) on `env_name`'s one-turn "magrpo" workflow: G = 4 aligned joint
+  actions per prompt (independent rollouts), the joint reward minus the mean over the G joint
+  actions (no std division, clamp 10), the same advantage for every agent; on-policy REINFORCE
+  (`-sum_t log pi * A`, averaged over samples; no ratio, clip or KL). `estimator` picks the
+  sibling baseline: "magrpo" (mean), "rloo" (leave-one-out, CoMLRL's MARLOO) or "remax" (max,
+  CoMLRL's MAReMax). The env's local reward already is the joint reward, so alpha = 0.
+
+  PAPERS.md gives no batch size: one prompt per update (`problems_per_step = 1`).
+  """
+  if estimator not in MAGRPO_ESTIMATORS:
+    raise ValueError(f"unknown MAGRPO estimator {estimator!r}; expected one of "
+                     f"{list(MAGRPO_ESTIMATORS)}")
+  c = base_config()
+  c.name = f"magrpo_{env_name}_{estimator}"
+  c.model = model
+  c.env.name, c.env.workflow, c.env.max_turns = env_name, "magrpo", 1
+  c.env.kwargs = ml_collections.ConfigDict(env_kwargs or {})
+  c.rollout.mode, c.rollout.k, c.rollout.problems_per_step = "independent", 4, 1
+  c.algo.estimator, c.algo.filter, c.algo.alpha = "magrpo", "none", 0.0
+  c.algo.baseline = {"magrpo": "mean", "rloo": "loo", "remax": "max"}[estimator]
+  c.loss.policy_loss, c.loss.aggregation = "reinforce", "seq_sum"
+  c.optim.lr = lr
+  c.sampling.temperature, c.sampling.top_p, c.sampling.max_new_tokens = 0.7, 0.9, 256
+  return c
+
+
+def writing_config(task: str, preset: str | None,
+                   models: tuple[str, ...]) -> ml_collections.ConfigDict:
+  """MAGRPO writing (TLDR or arXiv): Qwen3-1.7B per agent, lr 5e-6, 1000 one-document steps
+  (the paper's 1000 training examples), evaluation every 100 steps on 100 held-out documents."""
+  choice, cpu = parse_preset(preset, {"estimator": MAGRPO_ESTIMATORS, "models": models})
+  c = magrpo_config("writing", choice["estimator"], model="qwen3-1.7b", lr=5e-6,
+                    env_kwargs=dict(task=task))
+  c.name = f"magrpo_{task}_{choice['estimator']}_{choice['models']}"
+  apply_models(c, choice["models"])
+  data_fields(c, path=None, field=None)
+  c.train.steps, c.eval.every = 1000, 100
+  if cpu:
+    cpu_preset(c)
+  return c

@@ -1,0 +1,328 @@
+"""Paper configs: every preset builds, defaults are PAPERS.md's, every cpu preset trains end to end.
+
+The end-to-end runs override the model with a tiny random 2-layer Llama carrying the SmolLM2
+tokenizer (`toy_task.write_tiny_model`) and cut replies to 16 tokens: the embedded 135M model
+would take minutes per preset on 2 cores. Everything else (env, workflow, rollout mode, estimator,
+loss, team policies, checkpoints, evaluation traces) is the preset's own. A persistent compilation
+cache shared by the runs lets presets with identical programs (sampler shapes, train steps) reuse
+each other's compiles.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import math
+
+import jax
+import pytest
+from jax.experimental.compilation_cache import compilation_cache
+
+import toy_task
+from configs import common
+from marl_jax.envs import base as envs_base
+from marl_jax.envs import datasets
+from marl_jax.training import config as config_lib
+from marl_jax.training import llm_policy, trainer
+from marl_jax.training.metrics import read_metrics
+from marl_jax.traces import replay, store
+from marl_jax.traces.schema import validate
+from marl_jax.workflows import registry
+from marl_jax.workflows.rollout import Generation
+
+# Every option axis of every config file (the first option of an axis is its default).
+AXES = {
+    "atgrpo_math": {"variant": common.ATGRPO_VARIANTS},
+    "atgrpo_code": {"variant": common.ATGRPO_VARIANTS},
+    "drmas_math": {"estimator": common.DRMAS_ESTIMATORS, "models": common.MODELS},
+    "drmas_search": {"estimator": common.DRMAS_ESTIMATORS, "models": common.MODELS},
+    "magrpo_tldr": {"estimator": common.MAGRPO_ESTIMATORS, "models": ("full", "lora", "shared")},
+    "magrpo_arxiv": {"estimator": common.MAGRPO_ESTIMATORS, "models": ("full", "lora", "shared")},
+    "magrpo_humaneval": {"estimator": common.MAGRPO_ESTIMATORS,
+                         "models": ("full", "lora", "shared")},
+}
+FILES = tuple(AXES)
+
+
+def _presets():
+  for name, axes in AXES.items():
+    for options in itertools.product(*axes.values()):
+      for cpu in ((), ("cpu",)):
+        yield name, ",".join(options + cpu)
+
+
+def _config(name: str, preset: str | None):
+  return importlib.import_module(f"configs.{name}").get_config(preset)
+
+
+def _field(c, dotted: str):
+  for part in dotted.split("."):
+    c = c[part]
+  return c
+
+
+@pytest.mark.parametrize("name, preset", list(_presets()))
+def test_every_preset_builds(name, preset):
+  c = _config(name, preset)
+  built = config_lib.build(c)
+  assert (built.lora is not None) == (c.policy.kind == "lora")
+  spec = registry.entry(c.env.name, c.env.workflow).workflow(c.env.workflow, c.env.max_turns,
+                                                             c.policy.per_role)
+  assert spec.num_policies == (len(spec.agents) if c.policy.per_role else 1)
+  if "cpu" in preset.split(","):
+    assert c.model == "smollm2-135m-instruct"
+    assert (c.train.steps, c.rollout.problems_per_step, c.rollout.k) == (2, 2, 2)
+    assert 32 <= c.sampling.max_new_tokens <= 64
+    assert c.eval.num_problems <= 4 and not c.eval.at_start and c.eval.every == 2
+    assert c.train.remat and c.checkpoint.every_steps == 1
+    assert c.env.kwargs.get("path") is None and c.env.kwargs.get("corpus_path") is None
+
+
+# PAPERS.md values of each file's default preset (section 1: AT-GRPO, 2: Dr. MAS, 3: MAGRPO).
+_ATGRPO = {"rollout.mode": "tree", "rollout.k": 8, "rollout.problems_per_step": 32,
+           "train.steps": 200, "sampling.max_new_tokens": 2048, "optim.lr": 1e-6,
+           "optim.schedule": "constant", "optim.weight_decay": 0.01, "optim.max_grad_norm": 1.0,
+           "loss.policy_loss": "ppo", "loss.clip_low": 0.2, "loss.clip_high": 0.2,
+           "loss.dual_clip": 3.0, "loss.aggregation": "token_mean", "loss.kl_coef": 0.0,
+           "loss.entropy_coef": 0.0, "algo.estimator": "at_grpo", "algo.filter": "lowest_mean",
+           "algo.filter_fraction": 0.5, "algo.alpha": 1.0, "eval.every": 10,
+           "model": "qwen3-1.7b", "policy.kind": "shared", "env.max_turns": 4}
+_DRMAS = {"rollout.mode": "independent", "algo.estimator": "drmas", "algo.alpha": 1.0,
+          "algo.filter": "none", "loss.clip_low": 0.2, "loss.clip_high": 0.2,
+          "loss.dual_clip": 3.0, "loss.aggregation": "token_mean", "loss.kl_coef": 0.0,
+          "optim.max_grad_norm": 1.0, "optim.lr": 1e-6, "eval.k": 16, "eval.temperature": 0.6,
+          "env.workflow": "drmas"}
+_MAGRPO = {"rollout.mode": "independent", "rollout.k": 4, "env.workflow": "magrpo",
+           "env.max_turns": 1, "algo.estimator": "magrpo", "algo.alpha": 0.0,
+           "algo.baseline": "mean", "loss.policy_loss": "reinforce", "loss.kl_coef": 0.0,
+           "policy.kind": "stacked", "policy.per_role": True}
+PAPER_DEFAULTS = {
+    "atgrpo_math": {**_ATGRPO, "env.name": "math", "env.workflow": "atgrpo"},
+    "atgrpo_code": {**_ATGRPO, "env.name": "code", "env.workflow": "atgrpo"},
+    "drmas_math": {**_DRMAS, "env.name": "math", "model": "qwen3-4b", "env.max_turns": 2,
+                   "rollout.problems_per_step": 32, "rollout.k": 8, "loss.entropy_coef": 0.0},
+    "drmas_search": {**_DRMAS, "env.name": "search", "model": "qwen2.5-3b", "env.max_turns": 4,
+                     "rollout.problems_per_step": 128, "rollout.k": 5,
+                     "loss.entropy_coef": 0.001},
+    "magrpo_tldr": {**_MAGRPO, "env.name": "writing", "env.kwargs.task": "tldr",
+                    "model": "qwen3-1.7b", "optim.lr": 5e-6, "sampling.temperature": 0.7,
+                    "sampling.top_p": 0.9, "sampling.max_new_tokens": 256},
+    "magrpo_arxiv": {**_MAGRPO, "env.name": "writing", "env.kwargs.task": "arxiv",
+                     "model": "qwen3-1.7b", "optim.lr": 5e-6, "sampling.temperature": 0.7,
+                     "sampling.top_p": 0.9, "sampling.max_new_tokens": 256},
+    "magrpo_humaneval": {**_MAGRPO, "env.name": "code", "model": "qwen2.5-3b", "optim.lr": 1e-5},
+}
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_defaults_are_the_papers(name):
+  c = _config(name, None)
+  got = {k: _field(c, k) for k in PAPER_DEFAULTS[name]}
+  assert got == PAPER_DEFAULTS[name]
+  assert _config(name, "").to_dict() == c.to_dict()  # an empty preset is the default
+
+
+@pytest.mark.parametrize("name, preset, want", [
+    ("atgrpo_math", "sa_grpo", {"env.workflow": "single", "algo.estimator": "grpo",
+                                "rollout.mode": "independent", "algo.alpha": 0.0}),
+    ("atgrpo_math", "mas_grpo", {"env.workflow": "atgrpo", "algo.estimator": "grpo",
+                                 "rollout.mode": "independent", "algo.alpha": 1.0}),
+    ("atgrpo_code", "mas_lora", {"policy.kind": "lora", "policy.per_role": True,
+                                 "lora.rank": 16, "lora.alpha": 32.0}),
+    ("atgrpo_code", "mas_full", {"policy.kind": "stacked", "policy.per_role": True}),
+    ("atgrpo_code", "mas_norl", {"train.eval_only": True, "env.workflow": "atgrpo"}),
+    ("atgrpo_math", "single", {"train.eval_only": True, "env.max_turns": 1}),
+    ("drmas_math", "grpo", {"algo.estimator": "grpo", "algo.alpha": 1.0,
+                            "policy.kind": "shared"}),
+    ("drmas_search", "full,grpo", {"algo.estimator": "grpo", "policy.kind": "stacked",
+                                   "policy.per_role": True}),
+    ("drmas_search", "lora", {"algo.estimator": "drmas", "policy.kind": "lora"}),
+    ("magrpo_tldr", "rloo,shared", {"algo.baseline": "loo", "policy.kind": "shared",
+                                    "policy.per_role": False}),
+    ("magrpo_humaneval", "remax,lora", {"algo.baseline": "max", "policy.kind": "lora"}),
+])
+def test_variants(name, preset, want):
+  c = _config(name, preset)
+  assert {k: _field(c, k) for k in want} == want
+
+
+@pytest.mark.parametrize("name, preset, message", [
+    ("drmas_math", "drmas,grpo", "a second estimator 'grpo'"),
+    ("drmas_search", "hetero", "unknown option 'hetero'"),
+    ("atgrpo_code", "mas_shared,mas_lora", "a second variant"),
+    ("magrpo_arxiv", "full,cpu,gpu", "unknown option 'gpu'"),
+])
+def test_bad_presets_name_the_options(name, preset, message):
+  with pytest.raises(ValueError, match=message):
+    _config(name, preset)
+
+
+def test_cli_data_fields_exist_for_local_datasets():
+  """The trainer's config is locked: the data kwargs a command line sets must already exist."""
+  for name, fields in (("atgrpo_math", ("path", "fmt")), ("atgrpo_code", ("path", "fmt")),
+                       ("drmas_math", ("path", "fmt")),
+                       ("drmas_search", ("corpus_path", "questions_path")),
+                       ("magrpo_tldr", ("path", "field")), ("magrpo_arxiv", ("path", "field")),
+                       ("magrpo_humaneval", ("path", "fmt"))):
+    c = _config(name, None)
+    c.lock()
+    for field in fields:
+      c.env.kwargs[field] = "x"  # raises for a missing field of a locked config
+
+
+# ---------------------------------------------------------------------------- problem sources
+
+
+def _jsonl(path, rows):
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return str(path)
+
+
+def test_generated_problem_kwargs_rebuild_the_envs():
+  """Without data files, seeds select generated (or packaged) problems the envs accept."""
+  for env_name, workflow in (("math", "drmas"), ("code", "atgrpo"), ("code", "magrpo"),
+                             ("writing", "magrpo"), ("search", "drmas")):
+    for seed in (0, 29, 1_000_001):
+      kwargs = registry.problem_kwargs(env_name, workflow, 2, seed, {"path": None})
+      env = envs_base.make_env(env_name, **kwargs)
+      assert not env.done
+  search = registry.problem_kwargs("search", "drmas", 3, 29, {})
+  q = registry.SEARCH_WORLD_QUESTIONS
+  assert (search["seed"], search["index"], search["max_steps"]) == (29 // q, 29 % q, 3)
+  humaneval = registry.problem_kwargs("code", "magrpo", 1, 200, {})
+  assert humaneval["humaneval_index"] == 200 % len(datasets.humaneval())
+  # The trainer today merges the generated kwargs with the env kwargs as they are.
+  math_env = registry.entry("math", "atgrpo").problem("atgrpo", 4, 7)
+  assert math_env == dict(seed=7, workflow="atgrpo", max_turns=4)
+
+
+def test_local_datasets_map_seeds_to_rows(tmp_path):
+  math_path = _jsonl(tmp_path / "m.jsonl", [{"problem": f"What is {i} + 1?", "answer": str(i + 1)}
+                                            for i in range(3)])
+  kw = registry.problem_kwargs("math", "drmas", 2, 7, {"path": math_path, "fmt": "plain"})
+  assert kw["index"] == 7 % 3 and "seed" not in kw
+  assert envs_base.make_env("math", **kw).problem.question == "What is 1 + 1?"
+
+  docs = _jsonl(tmp_path / "d.jsonl", [{"abstract": f"abstract number {i}"} for i in range(5)])
+  kw = registry.problem_kwargs("writing", "magrpo", 1, 13,
+                               {"path": docs, "task": "arxiv", "field": None})
+  env = envs_base.make_env("writing", **kw)
+  assert (env.document, env.task) == ("abstract number 3", "arxiv")
+
+  code = _jsonl(tmp_path / "c.jsonl", [
+      {"id": f"t{i}", "question": f"print {i}", "style": "stdio",
+       "tests": [{"input": "", "output": str(i)}]} for i in range(2)])
+  for workflow in ("atgrpo", "single"):
+    kw = registry.problem_kwargs("code", workflow, 2, 5, {"path": code, "fmt": "canonical"})
+    assert "stdio_seed" not in kw and "humaneval_index" not in kw
+    assert envs_base.make_env("code", **kw).problem.id == "t1"
+
+  corpus = _jsonl(tmp_path / "corpus.jsonl", [{"title": "Zorblat", "text": "Zorblat is blue."},
+                                              {"title": "Quim", "text": "Quim is red."}])
+  questions = _jsonl(tmp_path / "q.jsonl", [{"question": "Colour of Zorblat?",
+                                             "golden_answers": ["blue"]},
+                                            {"question": "Colour of Quim?", "answers": ["red"]}])
+  kw = registry.problem_kwargs("search", "drmas", 4, 3,
+                               {"corpus_path": corpus, "questions_path": questions})
+  assert kw["index"] == 1 and "seed" not in kw and "num_people" not in kw
+  env = envs_base.make_env("search", **kw)
+  assert env.question["answers"] == ["red"] and env.max_steps == 4
+
+
+def test_empty_dataset_is_an_error(tmp_path):
+  empty = tmp_path / "empty.jsonl"
+  empty.write_text("")
+  with pytest.raises(ValueError, match="has no rows"):
+    registry.problem_kwargs("writing", "magrpo", 1, 0, {"path": str(empty)})
+
+
+# ------------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("tiny_model"))
+  toy_task.write_tiny_model(path)
+  return path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_compiles(tmp_path_factory):
+  """A persistent compilation cache for this module's runs, restored afterwards."""
+  names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+           "jax_persistent_cache_min_entry_size_bytes")
+  saved = {n: getattr(jax.config, n) for n in names}
+  compilation_cache.reset_cache()
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  yield
+  for n, value in saved.items():
+    jax.config.update(n, value)
+  compilation_cache.reset_cache()
+
+
+def _cpu_run(name: str, model_dir: str):
+  c = _config(name, "cpu")
+  c.model = model_dir
+  c.sampling.max_new_tokens = 16
+  c.logging.wandb_mode, c.logging.console, c.logging.progress = "disabled", False, False
+  return c
+
+
+def _check_workdir(c, workdir, summary) -> list[dict]:
+  """Two logged steps, a checkpoint per step, valid and replayable evaluation traces."""
+  assert summary["steps"] == 2 and summary["skipped_updates"] == 0
+  records = read_metrics(workdir)
+  assert [r["step"] for r in records] == [1, 2]
+  assert all(math.isfinite(r["train/loss"]) for r in records)
+  assert "eval/accuracy" in records[-1] and "eval/accuracy" not in records[0]
+  assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()
+                if p.name.isdigit()) == [1, 2]
+  trace_path = workdir / "traces" / "eval_step2.jsonl"
+  traces = store.load_traces(trace_path)
+  content = store.read_content(trace_path)
+  assert len(traces) == c.eval.num_problems * c.eval.k
+  for t in traces:
+    validate(t)
+    assert t["task_id"].startswith(c.env.name)
+    assert replay.replay(t, content) == []
+  return traces
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_cpu_preset_trains_two_steps(name, model_dir, tmp_path):
+  c = _cpu_run(name, model_dir)
+  _check_workdir(c, tmp_path, trainer.train(c, str(tmp_path)))
+
+
+HOSTILE = (
+    "```python\nimport os\nwhile True:\n    os.fork()\n```",  # fork bomb
+    "```python\nwhile True:\n    pass\n```",  # infinite loop
+    "```python\nx = bytearray(1 << 34)\nprint(len(x))\n```",  # memory bomb
+    "```python\nwhile True:\n    print('A' * 10000)\n```",  # output flood
+)
+
+
+@pytest.mark.parametrize("name", ["atgrpo_math", "atgrpo_code"])
+def test_hostile_programs_do_not_break_training(name, model_dir, tmp_path, monkeypatch):
+  """Every reply is a hostile program (the sampled tokens are kept, so the update still runs):
+  the math tool agent's programs and the coder's programs run in the sandbox, time out or hit
+  their limits, and training finishes with valid traces."""
+  generate = llm_policy.LLMPolicy.generate
+
+  def hostile(self, requests, policy_id, params):
+    gens = generate(self, requests, policy_id, params)
+    return [Generation(HOSTILE[i % len(HOSTILE)], g.prompt_ids, g.token_ids, g.logprobs,
+                       g.finish_reason) for i, g in enumerate(gens)]
+
+  monkeypatch.setattr(llm_policy.LLMPolicy, "generate", hostile)
+  c = _cpu_run(name, model_dir)
+  c.rollout.tool_timeout_s = 1.0
+  if name == "atgrpo_code":
+    c.env.kwargs.case_timeout_s, c.env.kwargs.total_timeout_s = 0.5, 2.0
+  traces = _check_workdir(c, tmp_path, trainer.train(c, str(tmp_path)))
+  assert all(t["metrics"]["task_success"] == 0.0 for t in traces)
+  if name == "atgrpo_math":
+    assert all(any(e["type"] == "tool_result" for e in t["events"]) for t in traces)
