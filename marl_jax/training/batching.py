@@ -81,33 +81,49 @@ def _rows(samples: Sequence[Sample], shape: BatchShape, pad_id: int, rows: int, 
                     old_logp=old_logp, samples=samples_batch)
 
 
-def build_batch(samples: Sequence[Sample], policy: PolicyConfig, shape: BatchShape,
-                pad_ids: Sequence[int]):
-  """The step's TrainBatch in the layout of `policy` (flat, [P, n, ...] blocks, or a dict).
+def batch_sizes(samples: Sequence[Sample], policy: PolicyConfig, shape: BatchShape
+                ) -> tuple[int, int, int]:
+  """(rows per block, prompt width, response width) that `build_batch` pads `samples` to.
 
-  `pad_ids`: one per model config of `policy` (a mapped team's models each pad with their own
-  tokenizer's id, which must lie in that model's vocabulary); padding is masked out either way.
+  Multi-host runs take the element-wise maximum over processes (`multihost.agree_max`) and pass
+  it to `build_batch`, so every process's rows have the same shapes.
   """
-  if len(pad_ids) != len(policy.models):
-    raise ValueError(f"{len(pad_ids)} pad ids for the {len(policy.models)} model config(s) of "
-                     f"a {policy.kind!r} policy; expected one per model")
   if not samples:
     raise ValueError("no samples to train on; the rollout produced none")
   width = bucket(max(len(s.generation.prompt_ids) for s in samples), shape.min_prompt)
   resp = bucket(max(max(len(s.generation.token_ids), 1) for s in samples), shape.min_response)
+  if policy.kind in ("shared", "lora"):
+    n = len(samples)
+  else:
+    n = max(sum(s.policy_id == p for s in samples) for p in range(policy.num_policies))
+  rows = bucket(max(n, 1), shape.min_rows)
+  return -(-rows // shape.multiple) * shape.multiple, width, resp
+
+
+def build_batch(samples: Sequence[Sample], policy: PolicyConfig, shape: BatchShape,
+                pad_ids: Sequence[int], sizes: tuple[int, int, int] | None = None):
+  """The step's TrainBatch in the layout of `policy` (flat, [P, n, ...] blocks, or a dict).
+
+  `pad_ids`: one per model config of `policy` (a mapped team's models each pad with their own
+  tokenizer's id, which must lie in that model's vocabulary); padding is masked out either way.
+  `sizes`: (rows per block, prompt width, response width), at least `batch_sizes(samples, ...)`;
+  default: exactly those.
+  """
+  if len(pad_ids) != len(policy.models):
+    raise ValueError(f"{len(pad_ids)} pad ids for the {len(policy.models)} model config(s) of "
+                     f"a {policy.kind!r} policy; expected one per model")
+  need = batch_sizes(samples, policy, shape)
+  rows, width, resp = need if sizes is None else sizes
+  if any(s < n for s, n in zip((rows, width, resp), need)):
+    raise ValueError(f"sizes (rows, prompt, response) = {tuple(sizes)} are smaller than the "
+                     f"{need} these samples need")
   empty = [i for i, s in enumerate(samples) if not s.generation.token_ids]
   if empty:
     raise ValueError(f"samples {empty[:5]} have no response tokens; train batches need the "
                      "sampler's token ids (scripted policies cannot be trained)")
-
-  def rows_for(n):
-    rows = bucket(max(n, 1), shape.min_rows)
-    return -(-rows // shape.multiple) * shape.multiple
-
   if policy.kind in ("shared", "lora"):
-    return _rows(samples, shape, pad_ids[0], rows_for(len(samples)), width, resp)
+    return _rows(samples, shape, pad_ids[0], rows, width, resp)
   blocks = [[s for s in samples if s.policy_id == p] for p in range(policy.num_policies)]
-  rows = rows_for(max(len(b) for b in blocks))
   pads = pad_ids if policy.kind == "mapped" else [pad_ids[0]] * policy.num_policies
   parts = [_rows(b, shape, pad, rows, width, resp) for b, pad in zip(blocks, pads)]
   if policy.kind == "mapped":

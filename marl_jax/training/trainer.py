@@ -5,9 +5,16 @@
 Everything a step consumes is a function of (seed, step): training problems are seeds
 `step * problems_per_step + i`, sampling keys are `fold_in(run_key, step)`, so a run restarted
 from its last checkpoint (params, optimizer state, step, RNG key and data position) repeats
-exactly the steps an uninterrupted run would have taken. Only process 0 writes logs and traces.
+exactly the steps an uninterrupted run would have taken.
 
-Workdir layout: `checkpoints/`, `metrics.jsonl`, `traces/eval_step{N}.jsonl` (+ content stores),
+Multi-host (SPMD, `parallel/multihost.py`): each process rolls out its contiguous slice of the
+step's problems (and of the eval problems) with its own sampling stream, on a process-local view
+of the params; the processes agree on the batch's bucketed shapes, each builds its rows and the
+global batch is assembled from them; rollout and eval metrics are reduced over processes. Process
+0 writes logs, plots and summaries; every process writes the traces of its own eval episodes.
+
+Workdir layout: `checkpoints/`, `metrics.jsonl`, `traces/eval_step{N}.jsonl` (+ content stores;
+process p > 0 of a multi-host run: `traces/eval_step{N}.process{p}.jsonl`),
 `learning_curve.png`, `summary.md`, `summary.json`, `config.json`.
 """
 
@@ -23,10 +30,12 @@ import jax
 import ml_collections
 import numpy as np
 from absl import logging
+from jax.sharding import PartitionSpec as P
 
 from marl_jax.algos import policies
 from marl_jax.models import loading
 from marl_jax.models.tokenizer import Tokenizer
+from marl_jax.parallel import distributed, multihost, train_batch
 from marl_jax.parallel import mesh as mesh_lib
 from marl_jax.parallel.train_step import TrainConfig, make_train_step
 from marl_jax.sampling.params import SamplingParams
@@ -40,12 +49,14 @@ from marl_jax.workflows.rollout import Problem, RolloutConfig, rollout
 from marl_jax.workflows.spec import WorkflowSpec
 
 
-def problems(c: ml_collections.ConfigDict, first_seed: int, count: int) -> list[Problem]:
-  """`count` problems from consecutive seeds, with dense problem ids 0..count-1."""
+def problems(c: ml_collections.ConfigDict, first_seed: int, count: int,
+             ids: range | None = None) -> list[Problem]:
+  """Problems `ids` (default: all) of `count` from consecutive seeds; problem i has seed
+  `first_seed + i` and id i, so a process's slice keeps the global dense ids."""
   make_kwargs = registry.entry(c.env.name, c.env.workflow).problem
   extra = c.env.kwargs.to_dict()
   return [Problem(c.env.name, dict(make_kwargs(c.env.workflow, c.env.max_turns, first_seed + i),
-                                   **extra), i) for i in range(count)]
+                                   **extra), i) for i in (range(count) if ids is None else ids)]
 
 
 def load_team(c: ml_collections.ConfigDict, spec: WorkflowSpec, built: config_lib.Built
@@ -85,14 +96,15 @@ def _sampling(c: ml_collections.ConfigDict, temperature: float) -> SamplingParam
 
 
 def _rollout_metrics(result, agents) -> dict[str, float]:
+  """Means over every process's rollout (a collective, see `multihost.global_means`)."""
   rewards = defaultdict(list)
   for s in result.samples:
     rewards[s.agent].append(s.reward)
-  out = {f"rollout/reward/{a}": float(np.mean(rewards[a])) for a in agents if rewards[a]}
-  out["rollout/success"] = float(np.mean([e.solved for e in result.episodes]))
-  out["rollout/response_tokens"] = float(np.mean([len(s.generation.token_ids)
-                                                  for s in result.samples]))
-  return out
+  parts = {f"reward/{a}": multihost.sum_count(rewards[a]) for a in agents}
+  parts["success"] = multihost.sum_count([e.solved for e in result.episodes])
+  parts["response_tokens"] = multihost.sum_count([len(s.generation.token_ids)
+                                                  for s in result.samples])
+  return {f"rollout/{k}": v for k, v in multihost.global_means(parts).items()}
 
 
 def _scalars(metrics: dict[str, Any], agents: tuple[str, ...]) -> dict[str, float]:
@@ -119,21 +131,30 @@ class Run:
     self.policy, base, self.tokenizers = load_team(c, self.spec, built)
     shape = config_lib.mesh_shape(tuple(c.train.mesh), jax.device_count())
     self.mesh = mesh_lib.make_mesh(*shape)
+    # Each process builds its own rows of the batch: 1/processes of the rows, the same minimum.
+    procs = jax.process_count()
+    shards = mesh_lib.batch_shards(self.mesh) * c.train.micro_batches
+    if shards % procs or c.rollout.problems_per_step < procs:
+      raise ValueError(f"{procs} processes need config.rollout.problems_per_step >= {procs} "
+                       f"(got {c.rollout.problems_per_step}) and data x fsdp x micro_batches "
+                       f"divisible by {procs} (got {shards})")
     self.shape = batching.BatchShape(
         num_problems=c.rollout.problems_per_step,
         trajs_per_problem=1 if c.rollout.mode == "tree" else c.rollout.k,
-        max_turns=c.env.max_turns, num_agents=len(self.spec.agents),
-        multiple=mesh_lib.batch_shards(self.mesh) * c.train.micro_batches)
+        max_turns=c.env.max_turns, num_agents=len(self.spec.agents), multiple=shards // procs,
+        min_rows=max(1, batching.BatchShape.min_rows // procs))
     temperature = c.sampling.temperature if c.sampling.temperature > 0 else 1.0
-    self.fns = make_train_step(TrainConfig(
+    self.train_cfg = TrainConfig(
         policy=self.policy, advantage=built.advantage, loss=built.loss, space=self.shape.space,
         agent_policies=tuple(self.spec.policy_id(a) for a in self.spec.agents),
         temperature=temperature, micro_batches=c.train.micro_batches, remat=c.train.remat,
-        target_kl=c.train.target_kl), self.mesh)
+        target_kl=c.train.target_kl)
+    self.fns = make_train_step(self.train_cfg, self.mesh)
     self.run_key = jax.random.key(c.seed)
     trainable, frozen = policies.init_params(self.policy, jax.random.fold_in(self.run_key, 1),
                                              base=base)
     trainable, self.frozen = self.fns.shard_params(trainable, frozen)
+    self.local_frozen = multihost.process_local(self.frozen, self.mesh)  # never donated
     self.state = self.fns.init(trainable)
     self.rollout_cfg = RolloutConfig(mode=c.rollout.mode, k=c.rollout.k,
                                      tool_timeout_s=c.rollout.tool_timeout_s,
@@ -147,31 +168,38 @@ class Run:
 
   @property
   def params(self):
-    return self.state.params, self.frozen
+    """(trainable, frozen) for the sampler, on this process's devices (`multihost.process_local`;
+    with one process, the train state's own arrays). Valid until the next train step."""
+    return multihost.process_local(self.state.params, self.mesh), self.local_frozen
 
   def evaluate(self, step: int) -> dict[str, float]:
     c = self.c
-    self.eval_policy.reseed(jax.random.fold_in(jax.random.fold_in(self.run_key, 2), step))
-    trace_path = None
-    if self.is_main:
-      trace_path = os.path.join(self.workdir, "traces", f"eval_step{step}.jsonl")
-      if os.path.exists(trace_path):  # a resumed run re-evaluates this step: keep one copy
-        os.remove(trace_path)
-        os.remove(trace_path + ".content.jsonl")
-    metrics = evaluation.evaluate(problems(c, c.eval.seed_offset, c.eval.num_problems), self.spec,
+    self.eval_policy.reseed(multihost.process_key(
+        jax.random.fold_in(jax.random.fold_in(self.run_key, 2), step)))
+    process = jax.process_index()
+    name = f"eval_step{step}" + (f".process{process}" if process else "") + ".jsonl"
+    trace_path = os.path.join(self.workdir, "traces", name)
+    if os.path.exists(trace_path):  # a resumed run re-evaluates this step: keep one copy
+      os.remove(trace_path)
+      os.remove(trace_path + ".content.jsonl")
+    n = c.eval.num_problems
+    metrics = evaluation.evaluate(problems(c, c.eval.seed_offset, n, multihost.process_slice(n)),
+                                  self.spec,
                                   self.eval_policy.generate, self.params, k=c.eval.k,
                                   rollout_cfg=self.rollout_cfg, trace_path=trace_path)
     return {f"eval/{k}": v for k, v in metrics.items()}
 
   def train_step(self, step: int) -> dict[str, float]:
     c = self.c
-    self.train_policy.reseed(jax.random.fold_in(self.run_key, step))
+    n = c.rollout.problems_per_step
+    self.train_policy.reseed(multihost.process_key(jax.random.fold_in(self.run_key, step)))
     start = time.monotonic()
-    result = rollout(problems(c, step * c.rollout.problems_per_step, c.rollout.problems_per_step),
-                     self.spec, self.train_policy.generate, self.params, self.rollout_cfg)
+    result = rollout(problems(c, step * n, n, multihost.process_slice(n)), self.spec,
+                     self.train_policy.generate, self.params, self.rollout_cfg)
     rollout_s = time.monotonic() - start
-    batch = self.fns.shard_batch(batching.build_batch(
-        result.samples, self.policy, self.shape, [t.pad_id for t in self.tokenizers]))
+    sizes = multihost.agree_max(batching.batch_sizes(result.samples, self.policy, self.shape))
+    batch = self._global_batch(batching.build_batch(
+        result.samples, self.policy, self.shape, [t.pad_id for t in self.tokenizers], sizes))
     if self.fns.old_values is not None:  # MARFT: GAE needs the critic's values of these states
       batch = self.fns.old_values(self.state.params, self.frozen, batch)
     self.state, metrics = self.fns.step(self.state, self.frozen, batch)
@@ -179,6 +207,16 @@ class Run:
     out.update(_rollout_metrics(result, self.spec.agents))
     out.update({"time/rollout_s": rollout_s, "time/train_s": time.monotonic() - start - rollout_s})
     return out
+
+  def _global_batch(self, batch: Any) -> Any:
+    """This process's rows -> the step's global batch (process p's rows are block p)."""
+    if jax.process_count() == 1:
+      return self.fns.shard_batch(batch)
+    # The step cannot check the ids of a batch no process holds whole: check the local rows.
+    train_batch.validate(self.policy, self.shape.space, self.train_cfg.agent_policies, batch,
+                         self.shape.multiple)
+    spec = P(*(None,) * self.policy.sample_axis, mesh_lib.BATCH_AXES)
+    return distributed.process_local_batch_to_global(batch, self.mesh, spec)
 
 
 def train(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
