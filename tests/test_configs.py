@@ -197,7 +197,6 @@ def test_generated_problem_kwargs_rebuild_the_envs():
   assert (search["seed"], search["index"], search["max_steps"]) == (29 // q, 29 % q, 3)
   humaneval = registry.problem_kwargs("code", "magrpo", 1, 200, {})
   assert humaneval["humaneval_index"] == 200 % len(datasets.humaneval())
-  # The trainer today merges the generated kwargs with the env kwargs as they are.
   math_env = registry.entry("math", "atgrpo").problem("atgrpo", 4, 7)
   assert math_env == dict(seed=7, workflow="atgrpo", max_turns=4)
 
@@ -233,6 +232,22 @@ def test_local_datasets_map_seeds_to_rows(tmp_path):
   assert kw["index"] == 1 and "seed" not in kw and "num_people" not in kw
   env = envs_base.make_env("search", **kw)
   assert env.question["answers"] == ["red"] and env.max_steps == 4
+
+  # The trainer's problems come from the same mapping: a config pointing at the file trains on
+  # its rows, seed s -> row s % rows, with dense problem ids.
+  c = importlib.import_module("configs.drmas_math").get_config("cpu")
+  c.env.kwargs.path = math_path
+  built = trainer.problems(c, 4, 2)
+  assert [p.problem_id for p in built] == [0, 1]
+  assert [envs_base.make_env("math", **p.kwargs).problem.question for p in built] == [
+      "What is 1 + 1?", "What is 2 + 1?"]
+
+
+def test_generated_writing_documents_have_the_requested_length():
+  short = envs_base.make_env("writing", seed=3, sentences=2).document
+  assert short == datasets.generated_document(3, 2) and short.count(". ") == 1
+  with pytest.raises(ValueError, match="sentences=0; expected an integer >= 1"):
+    envs_base.make_env("writing", seed=3, sentences=0)
 
 
 def test_empty_dataset_is_an_error(tmp_path):

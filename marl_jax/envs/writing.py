@@ -214,16 +214,19 @@ class WritingEnv:
 
 def make_env(*, task: str = "tldr", document: str | None = None, path: str | None = None,
              index: int | None = None, field: str | None = None,
-             seed: int | None = None) -> WritingEnv:
+             seed: int | None = None, sentences: int = 8) -> WritingEnv:
   """Registry factory: a document given inline, a file row (path, index) or a generated filler
-  document (seed), e.g. make_env("writing", task="arxiv", path="abstracts.jsonl", index=4)."""
+  document (seed, `sentences` long), e.g. make_env("writing", task="arxiv",
+  path="abstracts.jsonl", index=4)."""
   if sum(x is not None for x in (document, path, seed)) != 1:
     raise ValueError("give exactly one of document=, path= (+ index=), seed=")
+  if not isinstance(sentences, int) or sentences < 1:
+    raise ValueError(f"sentences={sentences!r}; expected an integer >= 1")
   if path is not None:
     if index is None:
       raise ValueError(f"path={path!r} needs index=")
     document = datasets.load_documents(path, field)[index]
   elif seed is not None:
-    document = datasets.generated_document(seed)
+    document = datasets.generated_document(seed, sentences)
   return WritingEnv(document, task)
 

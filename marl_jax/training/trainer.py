@@ -52,11 +52,12 @@ from marl_jax.workflows.spec import WorkflowSpec
 def problems(c: ml_collections.ConfigDict, first_seed: int, count: int,
              ids: range | None = None) -> list[Problem]:
   """Problems `ids` (default: all) of `count` from consecutive seeds; problem i has seed
-  `first_seed + i` and id i, so a process's slice keeps the global dense ids."""
-  make_kwargs = registry.entry(c.env.name, c.env.workflow).problem
+  `first_seed + i` and id i, so a process's slice keeps the global dense ids. Env kwargs that
+  name a local dataset turn seed s into row `s % rows` (`registry.problem_kwargs`)."""
   extra = c.env.kwargs.to_dict()
-  return [Problem(c.env.name, dict(make_kwargs(c.env.workflow, c.env.max_turns, first_seed + i),
-                                   **extra), i) for i in (range(count) if ids is None else ids)]
+  return [Problem(c.env.name, registry.problem_kwargs(c.env.name, c.env.workflow, c.env.max_turns,
+                                                      first_seed + i, extra), i)
+          for i in (range(count) if ids is None else ids)]
 
 
 def load_team(c: ml_collections.ConfigDict, spec: WorkflowSpec, built: config_lib.Built
