@@ -45,6 +45,15 @@ def apply_models(c: ml_collections.ConfigDict, models: str) -> None:
   c.policy.per_role = models != "shared"
 
 
+def apply_team(c: ml_collections.ConfigDict, models: str, hetero: tuple[str, ...]) -> None:
+  """Sets config.policy for one of MODELS or "hetero": a mapped team, one model per agent
+  (`hetero`, in agent order), each with its own architecture and tokenizer."""
+  if models == "hetero":
+    c.policy.kind, c.policy.per_role, c.policy.models = "mapped", True, hetero
+  else:
+    apply_models(c, models)
+
+
 def data_fields(c: ml_collections.ConfigDict, **fields: str | None) -> None:
   """Declares env kwargs that point at local data. The trainer's config is locked, so a field the
   command line sets (`--config.env.kwargs.path=train.jsonl`) must exist; None makes an unset
@@ -59,7 +68,7 @@ CPU_MAX_NEW_TOKENS = 48
 def cpu_preset(c: ml_collections.ConfigDict) -> None:
   """Shrinks a run to the embedded SmolLM2-135M on a 2-core machine: 2 problems x 2 samples,
   48-token replies, 2 steps, one evaluation at the end on 2 problems, per-layer remat, a
-  checkpoint every step."""
+  checkpoint every step; a mapped team maps that model once per agent."""
   c.model = "smollm2-135m-instruct"
   c.rollout.problems_per_step = 2
   c.rollout.k = 2
@@ -71,6 +80,8 @@ def cpu_preset(c: ml_collections.ConfigDict) -> None:
   c.eval.num_problems = 2
   c.eval.at_start = False
   c.checkpoint.every_steps = 1
+  if c.policy.kind == "mapped":  # the one local model, once per agent
+    c.policy.models = (c.model,) * len(c.policy.models)
 
 
 ATGRPO_VARIANTS = ("mas_shared", "mas_lora", "mas_full", "mas_grpo", "single", "sa_grpo",
@@ -120,8 +131,7 @@ def drmas_config(env_name: str, estimator: str, *, model: str, max_turns: int, q
   Every call's reward is the team's episode reward minus its own format penalty (alpha = 1), K
   independent trajectories per question, no group filtering; PPO clip 0.2, dual-clip 3,
   token-mean, no KL, grad clip 1.0, lr 1e-6; evaluation avg@16 / pass@16 at temperature 0.6.
-  The paper evaluates at top-p 0.95; `config.sampling.top_p` is shared with training, which
-  samples at top-p 1, so evaluation here samples at top-p 1 too.
+  Evaluation samples at top-p 0.95 as the paper's; training at top-p 1.
   """
   if estimator not in DRMAS_ESTIMATORS:
     raise ValueError(f"unknown Dr. MAS estimator {estimator!r}; expected one of "
@@ -133,7 +143,7 @@ def drmas_config(env_name: str, estimator: str, *, model: str, max_turns: int, q
   c.rollout.mode, c.rollout.k, c.rollout.problems_per_step = "independent", k, questions
   c.algo.estimator, c.algo.filter, c.algo.alpha = estimator, "none", 1.0
   c.loss.entropy_coef = entropy_coef
-  c.eval.k, c.eval.temperature = 16, 0.6
+  c.eval.k, c.eval.temperature, c.eval.top_p = 16, 0.6, 0.95
   return c
 
 

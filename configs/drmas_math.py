@@ -33,14 +33,9 @@ def get_config(preset: str | None = None):
   c = common.drmas_config("math", choice["estimator"], model="qwen3-4b", max_turns=2,
                           questions=32, k=8, entropy_coef=0.0)
   c.name += f"_{choice['models']}"
-  if choice["models"] == "hetero":
-    c.policy.kind, c.policy.per_role, c.policy.models = "mapped", True, HETERO
-  else:
-    common.apply_models(c, choice["models"])
+  common.apply_team(c, choice["models"], HETERO)
   common.data_fields(c, path=None, fmt="auto")
   if cpu:
     common.cpu_preset(c)
-    if choice["models"] == "hetero":  # the one local model, once per agent
-      c.policy.models = (c.model,) * len(HETERO)
     c.eval.k = 2
   return c

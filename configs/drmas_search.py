@@ -37,15 +37,10 @@ def get_config(preset: str | None = None):
   c = common.drmas_config("search", choice["estimator"], model="qwen2.5-3b", max_turns=4,
                           questions=128, k=5, entropy_coef=0.001)
   c.name += f"_{choice['models']}"
-  if choice["models"] == "hetero":
-    c.policy.kind, c.policy.per_role, c.policy.models = "mapped", True, HETERO
-  else:
-    common.apply_models(c, choice["models"])
+  common.apply_team(c, choice["models"], HETERO)
   common.data_fields(c, corpus_path=None, questions_path=None)
   if cpu:
     common.cpu_preset(c)
-    if choice["models"] == "hetero":  # the one local model, once per agent
-      c.policy.models = (c.model,) * len(HETERO)
     c.env.max_turns = 2
     c.eval.k = 2
   return c

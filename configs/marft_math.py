@@ -22,19 +22,15 @@ from __future__ import annotations
 
 import ml_collections
 
+from configs import common
 from marl_jax.training.config import base_config
 
 VARIANTS = {"action": "gae_action", "token": "gae_token"}
 
 
 def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
-  parts = [p for p in (preset or "action").split(",") if p]
-  variants = [p for p in parts if p in VARIANTS]
-  unknown = [p for p in parts if p not in VARIANTS and p != "cpu"]
-  if unknown or len(variants) > 1:
-    raise ValueError(f"config preset {preset!r}: expected one of {list(VARIANTS)}, optionally "
-                     "followed by ',cpu'")
-  variant = variants[0] if variants else "action"
+  choice, cpu = common.parse_preset(preset, {"variant": tuple(VARIANTS)})
+  variant = choice["variant"]
   c = base_config()
   c.name = f"marft_math_{variant}"
   c.model = "qwen2.5-3b"
@@ -56,15 +52,8 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     c.loss.ratio_level, c.loss.aggregation = "sequence", "seq_mean_token_mean"
   c.optim.lr, c.optim.eps, c.optim.weight_decay, c.optim.max_grad_norm = 1e-6, 1e-5, 0.0, 0.5
   c.train.target_kl = 1e-3
-  if "cpu" in parts:
-    c.model = "smollm2-135m-instruct"
-    c.rollout.problems_per_step = 2
-    c.sampling.max_new_tokens = 48
-    c.optim.lr = 1e-5
-    c.train.steps = 2
-    c.eval.every = 2
-    c.eval.num_problems = 2
-    c.eval.at_start = False
-    c.train.remat = True
-    c.checkpoint.every_steps = 1
+  common.data_fields(c, path=None, fmt="auto")
+  if cpu:
+    common.cpu_preset(c)
+    c.rollout.k = 1
   return c
