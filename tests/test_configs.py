@@ -97,7 +97,7 @@ _DRMAS = {"rollout.mode": "independent", "algo.estimator": "drmas", "algo.alpha"
           "algo.filter": "none", "loss.clip_low": 0.2, "loss.clip_high": 0.2,
           "loss.dual_clip": 3.0, "loss.aggregation": "token_mean", "loss.kl_coef": 0.0,
           "optim.max_grad_norm": 1.0, "optim.lr": 1e-6, "eval.k": 16, "eval.temperature": 0.6,
-          "env.workflow": "drmas"}
+          "eval.top_p": 0.95, "env.workflow": "drmas"}
 _MAGRPO = {"rollout.mode": "independent", "rollout.k": 4, "env.workflow": "magrpo",
            "env.max_turns": 1, "algo.estimator": "magrpo", "algo.alpha": 0.0,
            "algo.baseline": "mean", "loss.policy_loss": "reinforce", "loss.kl_coef": 0.0,
@@ -163,10 +163,31 @@ def test_bad_presets_name_the_options(name, preset, message):
     _config(name, preset)
 
 
+@pytest.mark.parametrize("preset, estimator, ratio_level", [
+    ("action", "gae_action", "sequence"), ("token,cpu", "gae_token", "token")])
+def test_marft_presets_build(preset, estimator, ratio_level):
+  c = _config("marft_math", preset)
+  config_lib.build(c)
+  assert (c.algo.estimator, c.loss.ratio_level, c.policy.kind) == (estimator, ratio_level, "lora")
+  assert c.rollout.k == 1 and tuple(c.policy.critic) == (1024, 512)
+  with pytest.raises(ValueError, match="unknown option 'tree'"):
+    _config("marft_math", "tree")
+
+
+@pytest.mark.parametrize("preset, kind", [(None, "stacked"), ("lora", "lora")])
+def test_learning_preset_builds(preset, kind):
+  c = _config("learning_cpu", preset)
+  config_lib.build(c)
+  assert (c.env.name, c.policy.kind, c.model) == ("writing", kind, "smollm2-135m-instruct")
+  assert c.eval.at_start and c.train.steps == 16 and c.env.kwargs.sentences == 3
+  with pytest.raises(ValueError, match="already is a cpu preset"):
+    _config("learning_cpu", "full,cpu")
+
+
 def test_cli_data_fields_exist_for_local_datasets():
   """The trainer's config is locked: the data kwargs a command line sets must already exist."""
   for name, fields in (("atgrpo_math", ("path", "fmt")), ("atgrpo_code", ("path", "fmt")),
-                       ("drmas_math", ("path", "fmt")),
+                       ("drmas_math", ("path", "fmt")), ("marft_math", ("path", "fmt")),
                        ("drmas_search", ("corpus_path", "questions_path")),
                        ("magrpo_tldr", ("path", "field")), ("magrpo_arxiv", ("path", "field")),
                        ("magrpo_humaneval", ("path", "fmt"))):
@@ -286,7 +307,7 @@ def shared_compiles(tmp_path_factory):
 def _cpu_run(name: str, model_dir: str):
   c = _config(name, "cpu")
   c.model = model_dir
-  c.sampling.max_new_tokens, c.sampling.top_p = 16, 1.0
+  c.sampling.max_new_tokens, c.sampling.top_p, c.eval.top_p = 16, 1.0, None
   c.logging.wandb_mode, c.logging.console, c.logging.progress = "disabled", False, False
   return c
 

@@ -88,6 +88,7 @@ def test_end_to_end_outputs(model_dir, tmp_path):
     ("policy.kind", "lora", "needs one policy per role"),
     ("rollout.k", 0, "config.rollout.k=0"),
     ("model", "/no/such/model", "neither a known preset"),
+    ("eval.top_p", 1.5, r"config.eval.top_p=1.5; expected a number in \(0, 1\]"),
 ])
 def test_bad_config_fails_before_compute(model_dir, field, value, message):
   c = toy_task.toy_config(model_dir, steps=1)

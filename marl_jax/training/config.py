@@ -84,8 +84,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict(dict(steps=200, micro_batches=1, remat=False,
                                            mesh=(-1, 1, 1), eval_only=False,
                                            target_kl=config_dict.placeholder(float)))
+  # eval.top_p: nucleus of evaluation sampling; None = sampling.top_p.
   c.eval = ml_collections.ConfigDict(dict(every=10, num_problems=100, seed_offset=1_000_000,
-                                          k=1, temperature=0.0, at_start=True))
+                                          k=1, temperature=0.0, at_start=True,
+                                          top_p=config_dict.placeholder(float)))
   c.checkpoint = checkpoint.default_config()  # every_steps, max_to_keep, async_save
   c.logging = metrics.default_config()  # wandb mode/project, jsonl, console
   c.logging.progress = True
@@ -141,6 +143,11 @@ def build(c: ml_collections.ConfigDict) -> Built:
     value = c[group][name]
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ValueError(f"config.{field}={value!r}; expected an integer >= 1")
+  for field in ("sampling.top_p", "eval.top_p"):
+    group, name = field.split(".")
+    value = c[group][name]
+    if value is not None and (isinstance(value, bool) or not 0.0 < value <= 1.0):
+      raise ValueError(f"config.{field}={value!r}; expected a number in (0, 1]")
   if c.policy.kind == "shared" and spec.num_policies > 1:
     raise ValueError("config.policy.kind='shared' puts every role on one model; per_role=True "
                      "needs kind 'lora', 'stacked' or 'mapped'")

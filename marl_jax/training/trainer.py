@@ -91,9 +91,9 @@ def load_team(c: ml_collections.ConfigDict, spec: WorkflowSpec, built: config_li
   return policy, base, [m.tokenizer for m in models]
 
 
-def _sampling(c: ml_collections.ConfigDict, temperature: float) -> SamplingParams:
+def _sampling(c: ml_collections.ConfigDict, temperature: float, top_p: float) -> SamplingParams:
   return SamplingParams(max_new_tokens=c.sampling.max_new_tokens, temperature=temperature,
-                        top_p=c.sampling.top_p, top_k=c.sampling.top_k)
+                        top_p=top_p, top_k=c.sampling.top_k)
 
 
 def _rollout_metrics(result, agents) -> dict[str, float]:
@@ -162,9 +162,11 @@ class Run:
                                      tool_memory_mb=c.rollout.tool_memory_mb,
                                      record_traces=False)
     self.train_policy = LLMPolicy(self.policy, self.tokenizers,
-                                  _sampling(c, c.sampling.temperature), self.run_key)
-    self.eval_policy = LLMPolicy(self.policy, self.tokenizers, _sampling(c, c.eval.temperature),
-                                 self.run_key)
+                                  _sampling(c, c.sampling.temperature, c.sampling.top_p),
+                                  self.run_key)
+    eval_top_p = c.sampling.top_p if c.eval.top_p is None else c.eval.top_p
+    self.eval_policy = LLMPolicy(self.policy, self.tokenizers,
+                                 _sampling(c, c.eval.temperature, eval_top_p), self.run_key)
     self.checkpointer = Checkpointer.from_config(c.checkpoint, workdir)
 
   @property
