@@ -10,6 +10,11 @@ success (every level reached) move within a few dozen updates.
 
     python -m experiments.train --config=configs/learning_cpu.py --workdir=runs/learning_cpu
 
+Measured on this project's 2-core CPU machine (32.5 min wall, peak RSS 18.5 GB): held-out mean
+joint reward 0.89 before training, 1.44 after step 8, 1.58 after step 16; agent 1's summaries
+went from 73 to 27 words (agent 2: 81 -> 73). Held-out success (every level reached) did not
+move: 4/16 -> 4/16 -> 3/16.
+
 `get_config("[full|lora]")`: one full model per agent (MAGRPO's setting, default) or one LoRA
 adapter per agent over the frozen model (rank 16, alpha 32, lr 1e-4). Otherwise the MAGRPO
 config (configs/common.py: G = 4 aligned joint actions, mean baseline, REINFORCE), shrunk: 2
