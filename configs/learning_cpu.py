@@ -1,12 +1,12 @@
-"""A CPU run that shows learning: MAGRPO TLDR on the embedded SmolLM2-135M, in ~45 min on 2 cores.
+"""A CPU run that shows learning: MAGRPO TLDR on the embedded SmolLM2-135M, ~33 min on 2 cores.
 
 The game presets cannot show learning at this scale: SmolLM2-135M never writes a parseable move
 list, so every sample gets the same format penalty and every group advantage is exactly 0. The
 writing reward (PAPERS.md section 3) is graded: the level-gated joint reward (max 3.0) varies
 between the G joint actions of a post from the first step, and one behaviour decides most of it:
 agent 1 (concise TL;DR) must write clearly shorter than agent 2 (detailed summary) for the length
-ratio level to pay, and the two texts must share few content words. So the held-out reward and
-success (every level reached) move within a few dozen updates.
+ratio level to pay, and the two texts must share few content words. So the held-out reward
+moves within a few dozen updates.
 
     python -m experiments.train --config=configs/learning_cpu.py --workdir=runs/learning_cpu
 
