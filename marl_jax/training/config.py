@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import types
 import typing
 from typing import Any
 
