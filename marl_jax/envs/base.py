@@ -271,13 +271,13 @@ class GameEnv:
 # Name -> "module:factory"; a factory takes make_env's keyword arguments and returns an env.
 # Imported lazily so that `base` does not import every environment (nor they `base` circularly).
 _REGISTRY = {
-    "plan_path": "marl_jax.envs.plan_path:make_env",
-    "sokoban": "marl_jax.envs.sokoban:make_env",
-    "sudoku": "marl_jax.envs.sudoku:make_env",
-    "math": "marl_jax.envs.math:make_env",
-    "code": "marl_jax.envs.code:make_env",
-    "writing": "marl_jax.envs.writing:make_env",
-    "search": "marl_jax.envs.search:make_env",
+    "plan_path": "marl_jax.envs.games.plan_path:make_env",
+    "sokoban": "marl_jax.envs.games.sokoban:make_env",
+    "sudoku": "marl_jax.envs.games.sudoku:make_env",
+    "math": "marl_jax.envs.math.env:make_env",
+    "code": "marl_jax.envs.code.env:make_env",
+    "writing": "marl_jax.envs.writing.env:make_env",
+    "search": "marl_jax.envs.search.env:make_env",
 }
 
 

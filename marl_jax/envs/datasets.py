@@ -27,7 +27,7 @@ import pathlib
 import random
 from typing import Any
 
-from marl_jax.envs import math_answers
+from marl_jax.envs.math import answers as math_answers
 
 MATH_FORMATS = ("auto", "gsm8k", "math", "plain")
 CODE_FORMATS = ("canonical", "humaneval", "mbpp", "apps", "code_contests")

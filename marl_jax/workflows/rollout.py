@@ -29,7 +29,7 @@ from typing import Any
 
 from marl_jax.envs import actions as actions_lib
 from marl_jax.envs import base as envs_base
-from marl_jax.envs import sandbox
+from marl_jax.sandbox import runner as sandbox
 from marl_jax.traces.recorder import TEAM, TraceRecorder, agent_channel
 from marl_jax.workflows.spec import Cursor, WorkflowSpec, advance, first_cursor
 

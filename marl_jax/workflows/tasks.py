@@ -8,8 +8,8 @@ MAGRPO's one model per agent, Dr. MAS's heterogeneous teams); otherwise all shar
 
 from __future__ import annotations
 
-from marl_jax.envs import math as math_env
-from marl_jax.envs import search as search_env
+from marl_jax.envs.math import env as math_env
+from marl_jax.envs.search import env as search_env
 from marl_jax.workflows.spec import WorkflowSpec
 
 

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from marl_jax.envs import base
-from marl_jax.envs.plan_path import MOVES, coerce_moves
+from marl_jax.envs.games.plan_path import MOVES, coerce_moves
 
 Cell = tuple[int, int]
 _STAMPS = (((0, 0),), ((0, 0), (0, 1)), ((0, 0), (1, 0)), ((0, 0), (0, 1), (1, 0), (1, 1)),

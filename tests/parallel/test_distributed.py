@@ -21,7 +21,7 @@ from marl_jax.parallel import distributed
 from marl_jax.parallel.distributed import LaunchSpec, detect_launch
 from marl_jax.parallel.mesh import BATCH_AXES, make_mesh
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NUM_PROCESSES, LOCAL_DEVICES, LOCAL_SAMPLES, DIM, STEPS, LR = 2, 2, 8, 3, 3, 0.1
 
 

@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from marl_jax.envs import sandbox
+from marl_jax.sandbox import runner as sandbox
 
 _IS_ROOT = os.geteuid() == 0
 _FAST = dict(timeout_s=10.0, memory_mb=256)

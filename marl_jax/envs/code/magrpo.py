@@ -34,9 +34,9 @@ import copy
 import dataclasses
 import re
 
-from marl_jax.envs import code_harness
+from marl_jax.envs.code import harness as code_harness
 from marl_jax.envs.base import Observation, StepResult
-from marl_jax.envs.code import CodeProblem, problem_imports, reply_code
+from marl_jax.envs.code.env import CodeProblem, problem_imports, reply_code
 
 AUX = "aux"
 MAX_REWARD = 4.0

@@ -36,9 +36,9 @@ import pytest
 from jax.experimental import multihost_utils
 from jax.sharding import PartitionSpec as P
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # pylint: disable=wrong-import-position
 from marl_jax.algos import policies  # noqa: E402

@@ -15,7 +15,7 @@ from marl_jax.training import config as config_lib
 from marl_jax.training import trainer
 from marl_jax.training.metrics import read_metrics
 
-WORKER = os.path.join(os.path.dirname(__file__), "resume_worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "resume_worker.py")
 STEPS = 4
 
 
@@ -102,12 +102,12 @@ def test_cli_reports_config_errors_in_one_line(tmp_path):
       [sys.executable, "-m", "experiments.train", "--config=configs/atgrpo_plan_path.py:cpu",
        f"--workdir={tmp_path}", "--config.algo.estimator=nope"],
       env=_env(), capture_output=True, text=True, timeout=300,
-      cwd=os.path.dirname(os.path.dirname(__file__)))
+      cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
   assert proc.returncode != 0
   assert proc.stderr.strip().splitlines()[-1].startswith("error: config.algo: unknown estimator")
   typo = subprocess.run(
       [sys.executable, "-m", "experiments.train", "--config=configs/atgrpo_plan_path.py:cpu",
        f"--workdir={tmp_path}", "--config.algo.estimatr=grpo"],
       env=_env(), capture_output=True, text=True, timeout=300,
-      cwd=os.path.dirname(os.path.dirname(__file__)))
+      cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
   assert typo.returncode != 0 and "estimatr" in typo.stderr

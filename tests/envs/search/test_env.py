@@ -11,7 +11,7 @@ import pytest
 
 from marl_jax.envs import base
 from marl_jax.envs import datasets
-from marl_jax.envs import search
+from marl_jax.envs.search import env as search
 from marl_jax.traces import schema
 from marl_jax.workflows import replay
 from marl_jax.workflows import rollout as R

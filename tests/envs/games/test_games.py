@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from marl_jax.envs import base
-from marl_jax.envs import plan_path
-from marl_jax.envs import sokoban
-from marl_jax.envs import sudoku
+from marl_jax.envs.games import plan_path
+from marl_jax.envs.games import sokoban
+from marl_jax.envs.games import sudoku
 from marl_jax.envs.base import FORMAT_PENALTY
 
 N_SEEDS = 1000

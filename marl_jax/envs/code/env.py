@@ -26,7 +26,7 @@ import re
 from typing import Any
 
 from marl_jax.envs import actions as actions_lib
-from marl_jax.envs import code_harness
+from marl_jax.envs.code import harness as code_harness
 from marl_jax.envs import datasets
 from marl_jax.envs.base import Observation, StepResult
 from marl_jax.envs.prompts import truncate
@@ -266,6 +266,6 @@ def make_env(*, workflow: str = "atgrpo", max_turns: int = 4, case_timeout_s: fl
                                    total_timeout_s=total_timeout_s, memory_mb=memory_mb)
   problem = load_problem(**source)
   if workflow == "magrpo":
-    from marl_jax.envs import code_magrpo  # the MAGRPO pair lives in its own module
+    from marl_jax.envs.code import magrpo as code_magrpo  # the MAGRPO pair lives in its own module
     return code_magrpo.AuxMainEnv(problem, limits=limits)
   return CodeEnv(problem, workflow=workflow, max_turns=max_turns, limits=limits)

@@ -22,7 +22,7 @@ from marl_jax.traces import recorder as recorder_lib
 from marl_jax.traces import replay as replay_lib
 from marl_jax.traces import schema, stats, store
 
-_REPO = pathlib.Path(__file__).resolve().parents[1]
+_REPO = pathlib.Path(__file__).resolve().parents[2]
 
 # The toy task's reward recomputation, as a module so the CLI subprocess can import it too.
 _TOY_MODULE = '''

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from marl_jax.envs import base
-from marl_jax.envs import writing
+from marl_jax.envs.writing import env as writing
 from marl_jax.workflows import replay
 from marl_jax.workflows import rollout as R
 from marl_jax.workflows import tasks

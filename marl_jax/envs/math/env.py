@@ -29,7 +29,7 @@ import re
 from typing import Any
 
 from marl_jax.envs import datasets
-from marl_jax.envs import math_answers
+from marl_jax.envs.math import answers as math_answers
 from marl_jax.envs.actions import extract_code
 from marl_jax.envs.base import Observation, StepResult
 from marl_jax.envs.prompts import truncate

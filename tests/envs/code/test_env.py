@@ -15,12 +15,12 @@ import time
 import pytest
 
 from marl_jax.envs import base
-from marl_jax.envs import code
-from marl_jax.envs import code_harness
-from marl_jax.envs import code_magrpo
+from marl_jax.envs.code import env as code
+from marl_jax.envs.code import harness as code_harness
+from marl_jax.envs.code import magrpo as code_magrpo
 from marl_jax.envs import datasets
-from marl_jax.envs import sandbox
-from marl_jax.envs.code import CodeEnv, CodeProblem
+from marl_jax.sandbox import runner as sandbox
+from marl_jax.envs.code.env import CodeEnv, CodeProblem
 from marl_jax.workflows import replay
 from marl_jax.workflows import rollout as R
 from marl_jax.workflows import tasks

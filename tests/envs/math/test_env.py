@@ -16,8 +16,8 @@ import pytest
 
 from marl_jax.envs import base
 from marl_jax.envs import datasets
-from marl_jax.envs import math_answers
-from marl_jax.envs import sandbox
+from marl_jax.envs.math import answers as math_answers
+from marl_jax.sandbox import runner as sandbox
 from marl_jax.workflows import replay
 from marl_jax.workflows import rollout as R
 from marl_jax.workflows import tasks

@@ -8,8 +8,8 @@ import pytest
 
 from marl_jax.envs import actions
 from marl_jax.envs import base
-from marl_jax.envs import plan_path
-from marl_jax.envs import sudoku
+from marl_jax.envs.games import plan_path
+from marl_jax.envs.games import sudoku
 from marl_jax.envs.base import FORMAT_PENALTY
 
 

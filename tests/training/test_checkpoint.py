@@ -19,7 +19,7 @@ import pytest
 from marl_jax.training import checkpoint
 from marl_jax.training.checkpoint import Checkpointer, CheckpointWriteError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _train_state(seed: int = 0):

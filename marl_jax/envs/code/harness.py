@@ -31,7 +31,7 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from marl_jax.envs import sandbox
+from marl_jax.sandbox import runner as sandbox
 
 STYLES = ("function", "stdio")
 PASS = "pass"
