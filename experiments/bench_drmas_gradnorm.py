@@ -22,15 +22,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from marl_jax.algos import policies
 from marl_jax.algos.advantages import AdvantageConfig
 from marl_jax.algos.batch import GroupSpace, make_batch
+from marl_jax.algos.batch import TrainBatch
 from marl_jax.algos.losses import LossConfig
 from marl_jax.algos.optim import OptimConfig
 from marl_jax.models import decoder
 from marl_jax.models.config import get_preset
+from marl_jax.parallel import policies
 from marl_jax.parallel.mesh import make_mesh
-from marl_jax.parallel.train_batch import TrainBatch
 from marl_jax.parallel.train_step import TrainConfig, make_train_step
 
 MODEL = get_preset("tiny-llama").replace(vocab_size=16)

@@ -120,7 +120,7 @@ def grpo_advantages(rewards, problem_id):
 def jax_worker(mode: str, args: argparse.Namespace) -> dict:
   import jax
 
-  from marl_jax.algos import policies
+  from marl_jax.parallel import policies
   from marl_jax.algos.advantages import AdvantageConfig
   from marl_jax.algos.batch import GroupSpace, make_batch
   from marl_jax.algos.losses import LossConfig
@@ -128,7 +128,7 @@ def jax_worker(mode: str, args: argparse.Namespace) -> dict:
   from marl_jax.models.config import ModelConfig
   from marl_jax.models.lora import LoraConfig
   from marl_jax.parallel.mesh import make_mesh
-  from marl_jax.parallel.train_batch import TrainBatch
+  from marl_jax.algos.batch import TrainBatch
   from marl_jax.parallel.train_step import TrainConfig, make_train_step
 
   config_d, flat, b = read_data(args.data)

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from marl_jax.algos import gae
-from marl_jax.algos.batch import GroupSpace, SampleBatch
+from marl_jax.algos.batch import GroupSpace, SampleBatch, group_ids, mixed_reward
 
 __all__ = ["AdvantageConfig", "AdvantageOutput", "ESTIMATORS", "GroupSpace", "estimate",
            "get_estimator"]
@@ -202,10 +202,6 @@ def _in_range(ids: jax.Array, low: int, high: int) -> jax.Array:
   return (ids >= low) & (ids < high)
 
 
-def _mixed_reward(batch: SampleBatch, cfg: AdvantageConfig) -> jax.Array:
-  return cfg.alpha * batch.team_rewards + batch.rewards
-
-
 # ----------------------------------------------------------------------------- finalisation
 
 
@@ -226,7 +222,7 @@ def _finalize(adv: jax.Array, returns: jax.Array | None, valid: jax.Array, keep:
   adv = jnp.where(tmask, adv if token_level else adv[:, None], 0.0)
   if returns is not None:
     returns = jnp.where(tmask, returns if returns.ndim == 2 else returns[:, None], 0.0)
-  r = _mixed_reward(batch, cfg)
+  r = mixed_reward(batch, cfg.alpha)
   n_valid = _count(valid, axis_name)
   metrics = dict(metrics)
   metrics.update(
@@ -250,21 +246,6 @@ def _check(cfg: AdvantageConfig, name: str, space: GroupSpace, needs: str | None
 # ----------------------------------------------------------------------------- group estimators
 
 
-def _group_ids(batch: SampleBatch, group_by: str,
-               space: GroupSpace) -> tuple[jax.Array, int, jax.Array]:
-  """Mixed-radix group code, its segment count, and whether each sample's ids are in range."""
-  p, t, a = batch.problem_id, batch.turn, batch.agent_id
-  ok = _in_range(p, 0, space.num_problems)
-  if group_by == "problem":
-    return p, space.num_problems, ok
-  ok &= _in_range(a, 0, space.num_agents)
-  if group_by == "problem_agent":
-    return p * space.num_agents + a, space.num_problems * space.num_agents, ok
-  ok &= _in_range(t, 0, space.max_turns)
-  ids = (p * space.max_turns + t) * space.num_agents + a
-  return ids, space.num_problems * space.max_turns * space.num_agents, ok
-
-
 def _keep_groups(cnt: jax.Array, mean: jax.Array, constant: jax.Array,
                  cfg: AdvantageConfig) -> jax.Array:
   """Groups that survive filtering; computed from global values, so identical on every device."""
@@ -283,8 +264,8 @@ def _group_estimate(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
                     axis_name: AxisName, name: str) -> AdvantageOutput:
   _check(cfg, name, space)
   cfg = cfg.resolved()
-  r = _mixed_reward(batch, cfg)
-  ids, num, ok = _group_ids(batch, cfg.group_by, space)
+  r = mixed_reward(batch, cfg.alpha)
+  ids, num, ok = group_ids(batch, cfg.group_by, space)
   valid = batch.sample_mask & ok
   cnt, mean, std = _moments(r, ids, valid, num, cfg.std_ddof, axis_name)
   constant = _seg_max(r, ids, valid, num, axis_name) <= -_seg_max(-r, ids, valid, num, axis_name)
@@ -376,7 +357,7 @@ def magrpo(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
   node, parent, pid = batch.node_id, batch.parent_node, batch.problem_id
   valid = (batch.sample_mask & _in_range(node, 0, m) & _in_range(parent, -1, m)
            & _in_range(pid, 0, p))
-  r = _mixed_reward(batch, cfg)
+  r = mixed_reward(batch, cfg.alpha)
   cnt = _seg_sum(jnp.ones_like(r), node, valid, m, axis_name)
   present = cnt > 0
   r_node = _seg_sum(r, node, valid, m, axis_name) / jnp.maximum(cnt, 1.0)
@@ -431,7 +412,7 @@ def gae_action(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
   cfg = cfg.resolved()
   slot, num, s, ok = _slots(batch, space)
   valid = batch.sample_mask & ok
-  r = _mixed_reward(batch, cfg)
+  r = mixed_reward(batch, cfg.alpha)
   cnt = _seg_sum(jnp.ones_like(r), slot, valid, num, axis_name)
   grid = lambda x: _seg_sum(x, slot, valid, num, axis_name).reshape(-1, s)
   adv_grid = gae.slot_gae(grid(r), grid(batch.values), cnt.reshape(-1, s) > 0, cfg.gamma, cfg.lam)
@@ -458,7 +439,7 @@ def gae_token(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
   first = jnp.argmax(tmask, axis=1)[:, None]
   at_first = lambda x: jnp.take_along_axis(x, first, axis=1)[:, 0]
   grid = lambda x: _seg_sum(x, slot, present, num, axis_name).reshape(-1, s)
-  r = _mixed_reward(batch, cfg)
+  r = mixed_reward(batch, cfg.alpha)
   cnt = grid(jnp.ones_like(r))
   present_grid = cnt > 0
   _, v_after = gae.backward_chain(grid(at_first(batch.token_values)), 0.0, present_grid)

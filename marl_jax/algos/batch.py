@@ -1,18 +1,35 @@
-"""The per-sample batch that advantage estimators and losses consume.
+"""The batch: rollout samples -> the learner's flat `TrainBatch`, and every id rule.
 
 One sample is one agent's response at one turn (one LLM call). Every field has a leading sample
 axis `N`, so the whole batch can be split along that axis by `shard_map` (`in_specs=P('data')`);
 all group ids are globally unique and dense, so per-device segment statistics can be summed across
 devices into exact global statistics.
+
+Ids are dense per step and assigned here only: the rollout numbers problems 0..num_problems-1 and
+records each sample's branch; a trajectory is `problem_id * trajs_per_problem + branch`
+(`traj_id`), a MAGRPO node one (trajectory, turn) pair (`node_id`), so the estimators' static
+segment counts (`BatchShape.space`) follow from the config alone. The estimators decode group ids
+with `group_ids` and mix rewards with `mixed_reward`.
+
+Host side (NumPy): `build_rows` pads samples into one flat block; shapes are bucketed (rows,
+prompt width and response width round up to powers of two above a minimum) so a run compiles a
+handful of train steps, not one per batch. Padding rows carry `sample_mask=False` and an all-False
+token mask: they never enter a statistic or a loss (the Dr. MAS public code padded with duplicated
+samples *before* computing advantages; we do not). Arranging blocks per policy kind is the policy
+layout's job (`parallel/layouts.py`).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
+import chex
 import flax.struct
 import jax
 import numpy as np
+
+from marl_jax.sampling.sampler import bucket
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,3 +175,149 @@ def validate_batch(batch: SampleBatch, space: GroupSpace) -> None:
       i = int(bad[0])
       raise ValueError(f"sample {i}: {name}={int(ids[i])} outside [{low}, {high}) declared by "
                        f"{space}")
+
+
+def mixed_reward(batch: SampleBatch, alpha: float) -> jax.Array:
+  """The reward every estimator and metric uses: `alpha * team_rewards + rewards`, f32[N]."""
+  return alpha * batch.team_rewards + batch.rewards
+
+
+# ----------------------------------------------------------------------------- id rules
+
+
+def traj_id(problem_id: int, branch: int, trajs_per_problem: int) -> int:
+  """Trajectory id of branch `branch` of problem `problem_id`, dense in
+  [0, num_problems * trajs_per_problem)."""
+  return problem_id * trajs_per_problem + branch
+
+
+def node_id(traj: int, turn: int, max_turns: int) -> int:
+  """MAGRPO node of (trajectory, turn): every agent's sample of the joint action shares it."""
+  return traj * max_turns + turn
+
+
+def parent_node(traj: int, turn: int, max_turns: int) -> int:
+  """The node a turn's node grew from: the trajectory's previous turn; -1 at the first turn."""
+  return node_id(traj, turn - 1, max_turns) if turn else -1
+
+
+def _in_range(ids: jax.Array, low: int, high: int) -> jax.Array:
+  return (ids >= low) & (ids < high)
+
+
+def group_ids(batch: SampleBatch, group_by: str,
+              space: GroupSpace) -> tuple[jax.Array, int, jax.Array]:
+  """Mixed-radix group code [N] of (problem[, turn][, agent]) (`group_by`: "problem", "problem_agent" or
+  "problem_turn_agent"), its segment
+  count, and whether each sample's ids are in range [N]."""
+  p, t, a = batch.problem_id, batch.turn, batch.agent_id
+  ok = _in_range(p, 0, space.num_problems)
+  if group_by == "problem":
+    return p, space.num_problems, ok
+  ok &= _in_range(a, 0, space.num_agents)
+  if group_by == "problem_agent":
+    return p * space.num_agents + a, space.num_problems * space.num_agents, ok
+  ok &= _in_range(t, 0, space.max_turns)
+  ids = (p * space.max_turns + t) * space.num_agents + a
+  return ids, space.num_problems * space.max_turns * space.num_agents, ok
+
+
+# ----------------------------------------------------------------------------- the train batch
+
+
+@flax.struct.dataclass
+class TrainBatch:
+  """Training samples: prompt + response tokens of N LLM calls.
+
+  Flat here; a policy layout may stack blocks ([P, N/P, ...] leaves) or key them by policy name
+  (`parallel/layouts.py`). `samples.token_mask` is [N, R] over the response tokens.
+  """
+  prompt: jax.Array  # [N, Tp] int32, left-padded
+  prompt_mask: jax.Array  # [N, Tp] bool, False on padding
+  response: jax.Array  # [N, R] int32, right-padded
+  old_logp: jax.Array  # [N, R] f32 behaviour log-probs from the sampler
+  samples: SampleBatch
+  ref_logp: jax.Array | None = None  # [N, R] f32 frozen reference log-probs (KL term)
+
+
+class RolloutSample(Protocol):
+  """What the batch reads of a rollout sample (`workflows.rollout.Sample`)."""
+  problem_id: int
+  traj_id: int
+  turn: int
+  agent_id: int
+  policy_id: int
+  reward: float
+  team_reward: float
+  generation: Any  # .prompt_ids, .token_ids, .logprobs
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchShape:
+  """Static sizes of one step's batch."""
+
+  num_problems: int
+  trajs_per_problem: int  # 1 in tree mode (one state per problem), K for independent rollouts
+  max_turns: int
+  num_agents: int
+  multiple: int = 1  # rows per policy block must divide by devices x micro-batches
+  min_rows: int = 8
+  min_prompt: int = 32
+  min_response: int = 16
+
+  @property
+  def space(self) -> GroupSpace:
+    trajs = self.num_problems * self.trajs_per_problem
+    return GroupSpace(num_problems=self.num_problems, max_turns=self.max_turns,
+                      num_agents=self.num_agents, num_trajs=trajs,
+                      num_nodes=trajs * self.max_turns)
+
+  def sizes(self, samples: Sequence[RolloutSample], block_rows: int) -> tuple[int, int, int]:
+    """(rows per block, prompt width, response width) that hold `samples` with at most
+    `block_rows` samples in one block: bucketed, rows a multiple of `multiple`."""
+    if not samples:
+      raise ValueError("no samples to train on; the rollout produced none")
+    width = bucket(max(len(s.generation.prompt_ids) for s in samples), self.min_prompt)
+    resp = bucket(max(max(len(s.generation.token_ids), 1) for s in samples), self.min_response)
+    rows = bucket(max(block_rows, 1), self.min_rows)
+    return -(-rows // self.multiple) * self.multiple, width, resp
+
+
+def build_rows(samples: Sequence[RolloutSample], shape: BatchShape, pad_id: int, rows: int,
+               width: int, resp_width: int) -> TrainBatch:
+  """One flat block of `rows` rows: the samples with their ids, then padding (host arrays)."""
+  if len(samples) > rows:
+    raise ValueError(f"{len(samples)} samples do not fit in a block of {rows} rows")
+  prompt = np.full((rows, width), pad_id, np.int32)
+  prompt_mask = np.zeros((rows, width), bool)
+  response = np.full((rows, resp_width), pad_id, np.int32)
+  old_logp = np.zeros((rows, resp_width), np.float32)
+  token_mask = np.zeros((rows, resp_width), bool)
+  fields = {k: np.zeros(rows, np.int32) for k in
+            ("problem_id", "turn", "agent_id", "policy_id", "traj_id", "node_id")}
+  fields["parent_node"] = np.full(rows, -1, np.int32)
+  fields["team_rewards"] = np.zeros(rows, np.float32)
+  fields["sample_mask"] = np.zeros(rows, bool)
+  rewards = np.zeros(rows, np.float32)
+  for i, s in enumerate(samples):
+    gen = s.generation
+    p, r = len(gen.prompt_ids), len(gen.token_ids)
+    prompt[i, width - p:] = gen.prompt_ids
+    prompt_mask[i, width - p:] = True
+    response[i, :r] = gen.token_ids
+    old_logp[i, :r] = gen.logprobs
+    token_mask[i, :r] = True
+    values = dict(problem_id=s.problem_id, turn=s.turn, agent_id=s.agent_id,
+                  policy_id=s.policy_id, traj_id=s.traj_id,
+                  node_id=node_id(s.traj_id, s.turn, shape.max_turns),
+                  parent_node=parent_node(s.traj_id, s.turn, shape.max_turns),
+                  team_rewards=s.team_reward, sample_mask=True)
+    for name, value in values.items():
+      fields[name][i] = value
+    rewards[i] = s.reward
+  samples_batch = jax.tree.map(np.asarray, make_batch(rewards, token_mask=token_mask, **fields))
+  out = TrainBatch(prompt=prompt, prompt_mask=prompt_mask, response=response,
+                   old_logp=old_logp, samples=samples_batch)
+  chex.assert_shape([out.prompt, out.prompt_mask], (rows, width))
+  chex.assert_shape([out.response, out.old_logp, out.samples.token_mask], (rows, resp_width))
+  return out

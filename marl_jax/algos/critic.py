@@ -12,6 +12,22 @@ import jax.numpy as jnp
 
 ValueHeadParams = dict[str, list[dict[str, jax.Array]]]
 
+CRITIC_ESTIMATORS = ("gae_action", "gae_token")  # MARFT: advantages from the critic's values
+
+
+def check_critic(estimator: str, critic: Sequence[int] | None, *,
+                 estimator_field: str = "estimator", critic_field: str = "critic") -> None:
+  """The one rule: an estimator in `CRITIC_ESTIMATORS` needs a critic, any other uses none.
+  `*_field` name the settings in the error (config fields or dataclass attributes)."""
+  needs = estimator in CRITIC_ESTIMATORS
+  if needs and critic is None:
+    raise ValueError(f"{estimator_field}={estimator!r} needs a critic; set {critic_field} to the "
+                     "value head's hidden sizes, e.g. (1024, 512)")
+  if critic is not None and not needs:
+    raise ValueError(f"{critic_field}={tuple(critic)!r} but {estimator_field}={estimator!r} uses "
+                     f"no critic; set {critic_field}=None or an estimator in "
+                     f"{list(CRITIC_ESTIMATORS)}")
+
 
 def init_value_head(key: jax.Array, hidden_size: int, sizes: Sequence[int] = (1024, 512),
                     out_scale: float = 0.01) -> ValueHeadParams:

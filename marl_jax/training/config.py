@@ -18,19 +18,19 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
+from marl_jax.algos import critic as critic_lib
 from marl_jax.algos.advantages import AdvantageConfig
 from marl_jax.algos.losses import LossConfig
 from marl_jax.algos.optim import OptimConfig
-from marl_jax.algos.policies import PolicyConfig
 from marl_jax.envs import base as envs_base
 from marl_jax.models import config as model_config
 from marl_jax.models.lora import LoraConfig
-from marl_jax.parallel.train_step import CRITIC_ESTIMATORS
+from marl_jax.parallel import layouts
+from marl_jax.parallel.policies import PolicyConfig
 from marl_jax.training import checkpoint, metrics
 from marl_jax.workflows import registry, rollout
 from marl_jax.workflows.spec import WorkflowSpec
 
-POLICY_KINDS = ("shared", "lora", "stacked", "mapped")
 # The value head's optimizer defaults (MARFT: gradients clipped at 0.5), from PolicyConfig.
 _CRITIC_OPTIM = {f.name: f.default for f in dataclasses.fields(PolicyConfig)}["critic_optim"]
 
@@ -121,7 +121,8 @@ def _one_of(value, allowed, field: str) -> None:
 
 def build(c: ml_collections.ConfigDict) -> Built:
   """Checks a whole config before any compute; raises ValueError naming the field and value."""
-  _one_of(c.policy.kind, POLICY_KINDS, "policy.kind")
+  _one_of(c.policy.kind, layouts.LAYOUTS.names(), "policy.kind")
+  layout = layouts.of(c.policy)
   _one_of(c.env.name, envs_base.env_names(), "env.name")
   try:
     spec = registry.entry(c.env.name, c.env.workflow).workflow(
@@ -147,10 +148,10 @@ def build(c: ml_collections.ConfigDict) -> Built:
     value = c[group][name]
     if value is not None and (isinstance(value, bool) or not 0.0 < value <= 1.0):
       raise ValueError(f"config.{field}={value!r}; expected a number in (0, 1]")
-  if c.policy.kind == "shared" and spec.num_policies > 1:
-    raise ValueError("config.policy.kind='shared' puts every role on one model; per_role=True "
-                     "needs kind 'lora', 'stacked' or 'mapped'")
-  if c.policy.kind != "shared" and spec.num_policies < 2:
+  if not layout.per_role and spec.num_policies > 1:
+    raise ValueError(f"config.policy.kind={c.policy.kind!r} puts every role on one model; "
+                     "per_role=True needs kind 'lora', 'stacked' or 'mapped'")
+  if layout.per_role and spec.num_policies < 2:
     raise ValueError(f"config.policy.kind={c.policy.kind!r} needs one policy per role, but the "
                      f"{c.env.workflow!r} workflow of {c.env.name!r} has "
                      f"{'one agent' if len(spec.agents) == 1 else 'per_role=False'}; use "
@@ -162,7 +163,7 @@ def build(c: ml_collections.ConfigDict) -> Built:
   return Built(advantage=_dataclass(AdvantageConfig, c.algo, "algo"),
                loss=_dataclass(LossConfig, c.loss, "loss"),
                optim=_dataclass(OptimConfig, c.optim, "optim"),
-               lora=_dataclass(LoraConfig, c.lora, "lora") if c.policy.kind == "lora" else None,
+               lora=_dataclass(LoraConfig, c.lora, "lora") if layout.adapters else None,
                critic=None if c.policy.critic is None else tuple(c.policy.critic),
                critic_optim=_dataclass(OptimConfig, c.policy.critic_optim,
                                        "policy.critic_optim"))
@@ -171,32 +172,27 @@ def build(c: ml_collections.ConfigDict) -> Built:
 def _check_team(c: ml_collections.ConfigDict, spec: WorkflowSpec) -> None:
   """Per-policy models of a mapped team, and the MARFT critic with what it needs."""
   kind, models, num = c.policy.kind, tuple(c.policy.models), spec.num_policies
-  if models and kind != "mapped":
+  layout = layouts.of(c.policy)
+  if models and not layout.per_policy_models:
     raise ValueError(f"config.policy.models lists {len(models)} per-policy models, which only "
                      f"kind 'mapped' uses; got config.policy.kind={kind!r}")
-  if kind == "mapped" and len(models) not in (0, num):
+  if layout.per_policy_models and len(models) not in (0, num):
     raise ValueError(f"config.policy.models has {len(models)} entries but the "
                      f"{c.env.workflow!r} workflow of {c.env.name!r} has {num} policies "
                      f"(agents {spec.agents}); give one per policy in agent order, or () to "
                      "use config.model for every policy")
   critic, estimator = c.policy.critic, c.algo.estimator
-  needs = estimator in CRITIC_ESTIMATORS
-  if needs and critic is None:
-    raise ValueError(f"config.algo.estimator={estimator!r} needs a critic; set "
-                     "config.policy.critic to the value head's hidden sizes, e.g. (1024, 512)")
-  if critic is not None and not needs:
-    raise ValueError(f"config.policy.critic={tuple(critic)!r} but config.algo.estimator="
-                     f"{estimator!r} uses no critic; set config.policy.critic=None or an "
-                     f"estimator in {list(CRITIC_ESTIMATORS)}")
+  critic_lib.check_critic(estimator, critic, estimator_field="config.algo.estimator",
+                          critic_field="config.policy.critic")
   if critic is not None:
     if not critic or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1
                              for h in critic):
       raise ValueError(f"config.policy.critic={tuple(critic)!r}; expected hidden sizes, "
                        "integers >= 1")
-    if kind != "lora":
+    if not layout.adapters:
       raise ValueError(f"config.policy.critic needs config.policy.kind='lora' (the frozen base "
                        f"model is the critic's trunk), got {kind!r}")
-  if needs and c.rollout.mode != "independent":
+  if critic is not None and c.rollout.mode != "independent":  # a critic estimator (checked)
     raise ValueError(f"config.rollout.mode={c.rollout.mode!r} puts K samples in one "
                      f"(trajectory, turn, agent) step; estimator {estimator!r} needs "
                      "'independent' rollouts")

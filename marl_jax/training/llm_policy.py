@@ -12,10 +12,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import numpy as np
 
-from marl_jax.algos.policies import PolicyConfig
-from marl_jax.models import lora
+from marl_jax.parallel import layouts
+from marl_jax.parallel.policies import PolicyConfig
 from marl_jax.sampling.params import SamplingParams
 from marl_jax.sampling.sampler import Sampler
 from marl_jax.workflows.rollout import Generation, Request
@@ -33,6 +32,7 @@ class LLMPolicy:
     self.tokenizers = list(tokenizers)  # one per model config (mapped teams), else one
     self.samplers = [Sampler(m, t) for m, t in zip(policy.models, self.tokenizers)]
     self.sampling = sampling
+    self.layout = layouts.of(policy)
     self.key = key
     self._calls = 0
 
@@ -40,27 +40,13 @@ class LLMPolicy:
     """Starts a new key stream (the trainer calls it with fold_in(run_key, step))."""
     self.key, self._calls = key, 0
 
-  def _model(self, params: Any, policy_id: int, n: int):
-    """(model index, model params, adapters) of policy `policy_id` for n rows."""
-    trainable, frozen = params
-    team = trainable["policy"]
-    kind = self.policy.kind
-    if kind == "shared":
-      return 0, team, None
-    if kind == "lora":
-      return 0, frozen["base"], lora.adapters(team, np.full(n, policy_id, np.int32),
-                                              self.policy.lora)
-    if kind == "stacked":
-      return 0, jax.tree.map(lambda x: x[policy_id], team), None
-    name = self.policy.names[policy_id]
-    return policy_id, team[name], None
-
   def generate(self, requests: Sequence[Request], policy_id: int, params: Any
                ) -> list[Generation]:
     if not 0 <= policy_id < self.policy.num_policies:
       raise ValueError(f"policy id {policy_id} has no params; the team has "
                        f"{self.policy.num_policies} policies")
-    index, model_params, adapters = self._model(params, policy_id, len(requests))
+    index, model_params, adapters = self.layout.acting_params(self.policy, *params, policy_id,
+                                                              len(requests))
     tokenizer, sampler = self.tokenizers[index], self.samplers[index]
     prompts = [tokenizer.encode(tokenizer.apply_chat_template(r.messages)) for r in requests]
     key = jax.random.fold_in(self.key, self._calls)

@@ -1,8 +1,7 @@
-"""Progress bars for training steps and rollouts (tqdm), shown by process 0 only.
+"""The progress bar over training steps (tqdm), shown by process 0 only.
 
 A resumed run's step bar starts at the restored step, so its rate and ETA count only the steps
-this process runs. Rollout bars are transient (`leave=False`): one per rollout, nested under the
-step bar.
+this process runs.
 """
 from __future__ import annotations
 
@@ -18,13 +17,6 @@ def step_bar(total_steps: int, start_step: int = 0, *, enabled: bool = True) -> 
   """The outer bar over training steps `start_step + 1 .. total_steps`."""
   return tqdm(total=total_steps, initial=start_step, desc="train", unit="step",
               disable=not enabled, dynamic_ncols=True, position=0)
-
-
-def rollout_bar(total: int, desc: str = "rollout", *, unit: str = "episode",
-                enabled: bool = True) -> tqdm:
-  """A bar for one rollout or evaluation pass (e.g. over episodes or turns); cleared when done."""
-  return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, dynamic_ncols=True,
-              leave=False, position=1)
 
 
 def show_metrics(bar: tqdm, scalars: Mapping[str, Any], keys: tuple[str, ...] = ()) -> None:

@@ -30,16 +30,15 @@ import jax
 import ml_collections
 import numpy as np
 from absl import logging
-from jax.sharding import PartitionSpec as P
 
-from marl_jax.algos import policies
+from marl_jax.algos.batch import BatchShape
 from marl_jax.models import loading
 from marl_jax.models.tokenizer import Tokenizer
-from marl_jax.parallel import distributed, multihost, train_batch
+from marl_jax.parallel import distributed, layouts, multihost, policies
 from marl_jax.parallel import mesh as mesh_lib
 from marl_jax.parallel.train_step import TrainConfig, make_train_step
 from marl_jax.sampling.params import SamplingParams
-from marl_jax.training import batching, evaluation, plots, progress
+from marl_jax.training import evaluation, plots, progress
 from marl_jax.training import config as config_lib
 from marl_jax.training.checkpoint import Checkpointer
 from marl_jax.training.llm_policy import LLMPolicy
@@ -69,7 +68,7 @@ def load_team(c: ml_collections.ConfigDict, spec: WorkflowSpec, built: config_li
   model named twice is read once and copied: the train step donates its state, and two policies
   must never share one buffer.
   """
-  mapped = c.policy.kind == "mapped"
+  mapped = layouts.of(c.policy).per_policy_models
   num = spec.num_policies
   names = (tuple(c.policy.models) or (c.model,) * num) if mapped else (c.model,)
   loaded: dict[str, loading.LoadedModel] = {}
@@ -139,11 +138,11 @@ class Run:
       raise ValueError(f"{procs} processes need config.rollout.problems_per_step >= {procs} "
                        f"(got {c.rollout.problems_per_step}) and data x fsdp x micro_batches "
                        f"divisible by {procs} (got {shards})")
-    self.shape = batching.BatchShape(
+    self.shape = BatchShape(
         num_problems=c.rollout.problems_per_step,
         trajs_per_problem=1 if c.rollout.mode == "tree" else c.rollout.k,
         max_turns=c.env.max_turns, num_agents=len(self.spec.agents), multiple=shards // procs,
-        min_rows=max(1, batching.BatchShape.min_rows // procs))
+        min_rows=max(1, BatchShape.min_rows // procs))
     temperature = c.sampling.temperature if c.sampling.temperature > 0 else 1.0
     self.train_cfg = TrainConfig(
         policy=self.policy, advantage=built.advantage, loss=built.loss, space=self.shape.space,
@@ -200,9 +199,9 @@ class Run:
     result = rollout(problems(c, step * n, n, multihost.process_slice(n)), self.spec,
                      self.train_policy.generate, self.params, self.rollout_cfg)
     rollout_s = time.monotonic() - start
-    sizes = multihost.agree_max(batching.batch_sizes(result.samples, self.policy, self.shape))
-    batch = self._global_batch(batching.build_batch(
-        result.samples, self.policy, self.shape, [t.pad_id for t in self.tokenizers], sizes))
+    sizes = multihost.agree_max(layouts.batch_sizes(self.policy, result.samples, self.shape))
+    batch = self._global_batch(layouts.build_batch(
+        self.policy, result.samples, self.shape, [t.pad_id for t in self.tokenizers], sizes))
     if self.fns.old_values is not None:  # MARFT: GAE needs the critic's values of these states
       batch = self.fns.old_values(self.state.params, self.frozen, batch)
     self.state, metrics = self.fns.step(self.state, self.frozen, batch)
@@ -216,10 +215,10 @@ class Run:
     if jax.process_count() == 1:
       return self.fns.shard_batch(batch)
     # The step cannot check the ids of a batch no process holds whole: check the local rows.
-    train_batch.validate(self.policy, self.shape.space, self.train_cfg.agent_policies, batch,
-                         self.shape.multiple)
-    spec = P(*(None,) * self.policy.sample_axis, mesh_lib.BATCH_AXES)
-    return distributed.process_local_batch_to_global(batch, self.mesh, spec)
+    layouts.validate_batch(self.policy, self.shape.space, self.train_cfg.agent_policies, batch,
+                           self.shape.multiple)
+    return distributed.process_local_batch_to_global(
+        batch, self.mesh, layouts.batch_spec(self.policy, mesh_lib.BATCH_AXES))
 
 
 def train(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from marl_jax.algos import batch as batch_lib
 from marl_jax.envs import actions as actions_lib
 from marl_jax.envs import base as envs_base
 from marl_jax.sandbox import runner as sandbox
@@ -145,8 +146,9 @@ def rollout(problems: Sequence[Problem], spec: WorkflowSpec, generate: Generate,
             cfg: RolloutConfig) -> RolloutResult:
   """Runs every problem to the end of its episode(s); returns all samples and episodes."""
   samples: list[Sample] = []
-  live = [_start(p, spec, cfg, traj_id=p.problem_id * (1 if cfg.mode == "tree" else cfg.k) + j)
-          for p in problems for j in range(1 if cfg.mode == "tree" else cfg.k)]
+  trajs = 1 if cfg.mode == "tree" else cfg.k  # per problem
+  live = [_start(p, spec, cfg, traj_id=batch_lib.traj_id(p.problem_id, j, trajs))
+          for p in problems for j in range(trajs)]
   n_per = cfg.k if cfg.mode == "tree" else 1
   episodes = []
   while live:

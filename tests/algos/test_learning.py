@@ -17,15 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marl_jax.algos import policies
 from marl_jax.algos.advantages import ESTIMATORS, AdvantageConfig
-from marl_jax.algos.batch import GroupSpace, make_batch
+from marl_jax.algos.batch import GroupSpace, TrainBatch, make_batch
 from marl_jax.algos.losses import LossConfig
 from marl_jax.algos.optim import OptimConfig
 from marl_jax.models import decoder, lora
 from marl_jax.models.config import get_preset
+from marl_jax.parallel import policies
 from marl_jax.parallel.mesh import make_mesh
-from marl_jax.parallel.train_batch import TrainBatch
 from marl_jax.parallel.train_step import TrainConfig, make_train_step
 
 MODEL = get_preset("tiny-llama").replace(vocab_size=16)  # chance of a target token: 1/16

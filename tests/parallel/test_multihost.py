@@ -41,16 +41,15 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # pylint: disable=wrong-import-position
-from marl_jax.algos import policies  # noqa: E402
 from marl_jax.algos.advantages import AdvantageConfig  # noqa: E402
-from marl_jax.algos.batch import GroupSpace, make_batch  # noqa: E402
+from marl_jax.algos.batch import GroupSpace, TrainBatch, make_batch  # noqa: E402
 from marl_jax.algos.losses import LossConfig  # noqa: E402
 from marl_jax.algos.optim import OptimConfig  # noqa: E402
 from marl_jax.models import decoder  # noqa: E402
 from marl_jax.models.config import get_preset  # noqa: E402
 from marl_jax.parallel import distributed, multihost, sharding  # noqa: E402
+from marl_jax.parallel import policies  # noqa: E402
 from marl_jax.parallel.mesh import BATCH_AXES, make_mesh  # noqa: E402
-from marl_jax.parallel.train_batch import TrainBatch  # noqa: E402
 from marl_jax.parallel.train_step import TrainConfig, make_train_step  # noqa: E402
 from marl_jax.training.metrics import read_metrics  # noqa: E402
 # marl_jax.training.trainer and toy_task start the jax backend when imported: the workers import

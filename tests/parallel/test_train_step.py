@@ -13,17 +13,16 @@ import numpy as np
 import optax
 import pytest
 
-from marl_jax.algos import policies
 from marl_jax.algos.advantages import AdvantageConfig
-from marl_jax.algos.batch import GroupSpace, make_batch
+from marl_jax.algos.batch import GroupSpace, TrainBatch, make_batch
 from marl_jax.algos.losses import LossConfig
 from marl_jax.algos.optim import OptimConfig
 from marl_jax.models import decoder
 from marl_jax.models.config import get_preset
 from marl_jax.models.lora import LoraConfig
-from marl_jax.parallel import train_batch
+from marl_jax.parallel import policies
+from marl_jax.parallel import layouts
 from marl_jax.parallel.mesh import make_mesh
-from marl_jax.parallel.train_batch import TrainBatch
 from marl_jax.parallel.train_step import TrainConfig, make_train_step
 
 MODEL = get_preset("tiny-llama")
@@ -118,6 +117,34 @@ def make_flat_batch(params, seed=0, policy_of_agent=(0, 0)) -> TrainBatch:
                     old_logp=old_logp, samples=samples)
 
 
+def _pad_rows(b: TrainBatch, rows: np.ndarray, size: int, policy: int) -> TrainBatch:
+  """Rows `rows` of host batch `b`, padded to `size` with masked-out samples of `policy`."""
+  pad = size - len(rows)
+
+  def take(x):
+    x = np.asarray(x)[rows]
+    return np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)]) if pad else x
+
+  out = jax.tree.map(take, b)
+  if pad:
+    out = out.replace(samples=out.samples.replace(
+        policy_id=np.concatenate([out.samples.policy_id[:len(rows)],
+                                  np.full(pad, policy, np.int32)]),
+        parent_node=np.concatenate([out.samples.parent_node[:len(rows)],
+                                    np.full(pad, -1, np.int32)])))
+  return out
+
+
+def arrange(policy, flat: TrainBatch, multiple: int):
+  """A flat host batch -> one block per policy (stacked or keyed by name by the layout), each
+  padded to a multiple of `multiple` (devices x micro-batches) with masked-out samples."""
+  pid = np.asarray(flat.samples.policy_id)
+  rows = [np.flatnonzero(pid == p) for p in range(policy.num_policies)]
+  size = max(multiple, -(-max(len(r) for r in rows) // multiple) * multiple)
+  blocks = [_pad_rows(flat, r, size, p) for p, r in enumerate(rows)]
+  return layouts.of(policy).join(policy, blocks)
+
+
 # Jitted: eager random inits compile one small program per parameter shape.
 init_params = jax.jit(policies.init_params, static_argnums=0, compiler_options=FAST_COMPILE)
 
@@ -197,7 +224,7 @@ def test_separate_models_on_fsdp_mesh(kind):
   base = {k: one for k in names} if kind == "mapped" else one
   trainable, frozen = init_params(cfg.policy, jax.random.key(1), base=base)
   flat = make_flat_batch(one, policy_of_agent=(0, 1))
-  batch = train_batch.layout(cfg.policy, flat, multiple=8 * 2)  # pads each block to 16
+  batch = arrange(cfg.policy, flat, multiple=8 * 2)  # pads each block to 16
   grads, _, metrics = run_step(fns, trainable, frozen, batch)
   want = [reference(one, flat, flat.samples.agent_id == a) for a in range(A)]
   np.testing.assert_allclose(metrics["loss"], sum(loss for loss, _ in want), rtol=1e-5)

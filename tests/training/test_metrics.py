@@ -206,7 +206,8 @@ def test_progress_bars_show_metrics_and_stay_silent_off_process_zero(capsys):
   assert bar.postfix == "train/reward=0.1235"
   bar.update(1)
   bar.close()
-  quiet = progress.rollout_bar(3, enabled=False)
+  capsys.readouterr()
+  quiet = progress.step_bar(3, enabled=False)
   quiet.update(3)
   quiet.close()
-  assert "rollout" not in capsys.readouterr().err
+  assert "train" not in capsys.readouterr().err

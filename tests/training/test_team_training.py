@@ -20,17 +20,17 @@ import pytest
 
 import toy_task
 from configs import marft_math
-from marl_jax.algos import policies
 from marl_jax.algos.advantages import AdvantageConfig
-from marl_jax.algos.batch import GroupSpace, make_batch
+from marl_jax.algos.batch import GroupSpace, TrainBatch, make_batch
 from marl_jax.algos.losses import LossConfig
 from marl_jax.envs import base as envs_base
 from marl_jax.models import config as model_config
 from marl_jax.models import decoder, hf
 from marl_jax.models.loading import load_model
 from marl_jax.models.lora import LoraConfig
+from marl_jax.parallel import policies
 from marl_jax.parallel.mesh import make_mesh
-from marl_jax.parallel.train_step import TrainBatch, TrainConfig, make_train_step
+from marl_jax.parallel.train_step import TrainConfig, make_train_step
 from marl_jax.traces import replay, store
 from marl_jax.traces.schema import validate
 from marl_jax.training import config as config_lib

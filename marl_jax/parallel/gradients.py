@@ -1,0 +1,271 @@
+"""The per-device body of the train step (inside shard_map): advantages, losses, gradients, metrics.
+
+`local_grads` wires the parts, each a function of its own:
+  1. `advantages_and_denominators`: advantages on device (the estimator psums its segment
+     statistics over ('data', 'fsdp'), so groups split across devices get exact global
+     statistics), then every loss term's global denominators (they depend on masks only, so
+     they are evaluated once at the behaviour log-probs): a micro-batch's loss is its numerators
+     over the *global* denominators, and micro-batches and devices add up to exactly the
+     full-batch loss;
+  2. `micro_batch_loss` (policy loss per (policy, agent) segment plus `critic_loss`) and
+     `micro_batch_grads` (its gradient, or with per-agent gradient norms `agent_vjp_grads`),
+     accumulated over micro-batches by `accumulate_grads` and all-reduced once;
+  3. `step_metrics`: the reported scalars and per-agent vectors.
+
+Loss normalisation is per policy: each policy's loss is its own samples' numerators over its own
+denominators (Dr. MAS: "each model is updated on its own sub-batch"); a shared policy is one
+policy, so this is the usual batch mean. The critic's value loss is a mean over the whole batch.
+
+Per-agent gradient norm (Dr. MAS's instability signal, `agent_grad_norms=True`): the norm of the
+gradient of agent a's policy loss share, normalised by agent a's own denominators (the loss agent
+a's own model would see). One forward serves all agents: the micro-batch loss is the vector
+[total loss, share_0, ..., share_{A-1}] and its VJP is taken for each basis vector, i.e. A extra
+backward passes and A extra gradient trees (cheap for adapters and tiny models, which is why it
+is an option).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from marl_jax.algos import advantages as adv_lib
+from marl_jax.algos import losses
+from marl_jax.algos.batch import mixed_reward
+from marl_jax.parallel import layouts, policies
+from marl_jax.parallel.mesh import BATCH_AXES, FSDP
+
+if TYPE_CHECKING:
+  from marl_jax.parallel.train_step import TrainConfig
+
+
+def reduce_axes(spec: P) -> tuple[str, ...]:
+  """Batch axes a param leaf is replicated over: its gradient is summed over them."""
+  return tuple(a for a in BATCH_AXES if a not in tuple(spec))
+
+
+def is_spec(x) -> bool:
+  return isinstance(x, P)
+
+
+def vary(x: jax.Array) -> jax.Array:
+  """Marks x as varying over every batch axis (uniform types for scan carries and VJPs)."""
+  have = jax.typeof(x).manual_axis_type.varying
+  missing = tuple(a for a in BATCH_AXES if a not in have)
+  return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
+def psum_nd(x: losses.NumDen) -> losses.NumDen:
+  return losses.NumDen(jax.lax.psum(x.num, BATCH_AXES), jax.lax.psum(x.den, BATCH_AXES))
+
+
+def flat_field(cfg: TrainConfig, batch: Any, name: str) -> Any:
+  """Field `name` of every TrainBatch of the layout, as flat samples [n, ...]."""
+  layout = layouts.of(cfg.policy)
+  return layout.flatten(cfg.policy, layout.groups(cfg.policy, batch, lambda g: getattr(g, name)))
+
+
+def segment_terms(cfg: TrainConfig, logp, old_logp, advantages, token_mask, ref_logp, entropy,
+                  seg, num_segments):
+  """`losses.policy_loss` with every (num, den) split by segment (policy, agent): leaves [S]."""
+
+  def one(s):
+    return losses.policy_loss(logp, old_logp, advantages, token_mask & (seg == s)[:, None],
+                              cfg.loss, ref_logp=ref_logp, entropy=entropy)
+
+  return jax.vmap(one)(jnp.arange(num_segments))
+
+
+def value_inputs(estimator: str, values, samples, returns, token_mask):
+  """(values, old values, returns, mask) of the value loss: per token (gae_token) or one per
+  sample from the state before the response (gae_action)."""
+  if estimator == "gae_token":
+    return values, samples.token_values, returns, token_mask
+  count = jnp.sum(token_mask, axis=1, keepdims=True)
+  ret = jnp.sum(jnp.where(token_mask, returns, 0.0), axis=1, keepdims=True) / jnp.maximum(count, 1)
+  return values[:, :1], samples.values[:, None], ret, count > 0
+
+
+def per_agent_moments(x, weight, ids, num):
+  """Global per-agent (mean, std) of x [n, R] under a bool weight [n, R]."""
+  w = weight.astype(jnp.float32)
+  seg = lambda v: jax.lax.psum(jax.ops.segment_sum(v, ids, num_segments=num), BATCH_AXES)
+  mean = losses.NumDen(seg((w * x).sum(1)), seg(w.sum(1))).value()
+  var = losses.NumDen(seg((w * jnp.square(x - mean[ids][:, None])).sum(1)), seg(w.sum(1)))
+  return mean, jnp.sqrt(var.value())
+
+
+def _segments(cfg: TrainConfig, samples) -> jax.Array:
+  """Loss segment [n] of each sample: its (policy, agent) pair."""
+  return samples.policy_id * cfg.space.num_agents + samples.agent_id
+
+
+class Prepass(NamedTuple):
+  """What every micro-batch needs from the whole local batch."""
+  adv: adv_lib.AdvantageOutput  # advantages / returns [n, R], kept samples [n]
+  tmask: jax.Array  # [n, R] bool response tokens of kept samples
+  dens: dict[str, jax.Array]  # global denominators: policy terms [P, A], 'value' []
+  terms0: Any  # loss terms at the behaviour log-probs (accumulator shapes)
+  metrics0: Any
+  value_metrics0: Any
+
+
+def advantages_and_denominators(cfg: TrainConfig, batch: Any) -> Prepass:
+  """Advantages (exact global group statistics) and every loss term's global denominators."""
+  A, Pn = cfg.space.num_agents, cfg.policy.num_policies
+  samples = flat_field(cfg, batch, "samples")
+  old_logp = flat_field(cfg, batch, "old_logp")
+  chex.assert_rank(old_logp, 2)
+  chex.assert_equal_shape([old_logp, samples.token_mask])
+  adv = adv_lib.estimate(samples, cfg.advantage, cfg.space, axis_name=BATCH_AXES)
+  tmask = samples.token_mask & adv.sample_mask[:, None]
+  # Denominators depend on masks only: evaluate the terms once at the behaviour log-probs.
+  ent0 = jnp.zeros_like(old_logp) if cfg.with_entropy else None
+  terms0, metrics0 = segment_terms(cfg, old_logp, old_logp, adv.advantages, tmask,
+                                   flat_field(cfg, batch, "ref_logp"), ent0,
+                                   _segments(cfg, samples), Pn * A)
+  dens = {k: jax.lax.psum(t.den, BATCH_AXES).reshape(Pn, A) for k, t in terms0.items()}
+  value_metrics0 = {}
+  if cfg.policy.critic is not None:
+    zeros = jnp.zeros_like(old_logp)
+    v0, value_metrics0 = losses.value_loss(
+        *value_inputs(cfg.advantage.estimator, zeros, samples, zeros, tmask), cfg.loss)
+    dens["value"] = jax.lax.psum(v0.den, BATCH_AXES)
+  return Prepass(adv, tmask, dens, terms0, metrics0, value_metrics0)
+
+
+def critic_loss(cfg: TrainConfig, params, frozen, specs, b, returns, tmask, dens
+                ) -> tuple[jax.Array, dict[str, losses.NumDen]]:
+  """MARFT's value loss of micro-batch `b` (flat returns / tmask [n, R]) over its global
+  denominator, and the value metrics."""
+  layout = layouts.of(cfg.policy)
+  values = policies.critic_values(cfg.policy, params, frozen, specs, b, remat=cfg.remat)
+  vterm, value_metrics = losses.value_loss(
+      *value_inputs(cfg.advantage.estimator, layout.flatten(cfg.policy, values),
+                    flat_field(cfg, b, "samples"), returns, tmask), cfg.loss)
+  return losses.total_loss({"value": vterm}, cfg.loss, {"value": dens["value"]}), value_metrics
+
+
+def micro_batch_loss(cfg: TrainConfig, params, frozen, specs, mb, dens):
+  """Loss of one micro-batch `mb = (batch, advantages, tmask, returns)` (layout of the batch):
+  the total [] (or [1 + A]: total, then each agent's share), and (terms, metrics,
+  value_metrics)."""
+  A, Pn = cfg.space.num_agents, cfg.policy.num_policies
+  flat = lambda tree: layouts.of(cfg.policy).flatten(cfg.policy, tree)
+  b, adv_mb, tmask_mb, returns_mb = mb
+  logp, ent = policies.token_logprobs(cfg.policy, params, frozen, specs, b,
+                                      temperature=cfg.temperature,
+                                      with_entropy=cfg.with_entropy, remat=cfg.remat)
+  terms, metrics = segment_terms(
+      cfg, flat(logp), flat_field(cfg, b, "old_logp"), flat(adv_mb), flat(tmask_mb),
+      flat_field(cfg, b, "ref_logp"), None if ent is None else flat(ent),
+      _segments(cfg, flat_field(cfg, b, "samples")), Pn * A)
+  nums = {k: t.num.reshape(Pn, A) for k, t in terms.items()}
+  total = jnp.sum(losses.total_loss({k: losses.NumDen(n.sum(1), dens[k].sum(1))
+                                     for k, n in nums.items()}, cfg.loss))
+  shares = losses.total_loss({k: losses.NumDen(n.sum(0), dens[k].sum(0))
+                              for k, n in nums.items()}, cfg.loss)  # [A]
+  value_metrics = {}
+  if cfg.policy.critic is not None:
+    value, value_metrics = critic_loss(cfg, params, frozen, specs, b, flat(returns_mb),
+                                       flat(tmask_mb), dens)
+    total = total + value
+  out = jnp.concatenate([total[None], shares]) if cfg.agent_grad_norms else total
+  return out, (terms, metrics, value_metrics)
+
+
+def agent_vjp_grads(loss_fn, params, num_agents: int):
+  """Gradients of every row of `loss_fn(params)` ([1 + A]: total, agent shares) from one forward:
+  its VJP for each basis vector. Returns (grads with leaves [1 + A, ...], loss, aux)."""
+  out, vjp_fn, aux = jax.vjp(loss_fn, params, has_aux=True)
+  (grads,) = jax.vmap(vjp_fn)(vary(jnp.eye(1 + num_agents)))
+  return grads, out, aux
+
+
+def micro_batch_grads(cfg: TrainConfig, params, frozen, specs, mb, dens):
+  """(gradients, loss, aux) of one micro-batch, marked varying over the batch axes."""
+  loss_fn = lambda p: micro_batch_loss(cfg, p, frozen, specs, mb, dens)
+  if cfg.agent_grad_norms:
+    grads, out, aux = agent_vjp_grads(loss_fn, params, cfg.space.num_agents)
+  else:
+    (out, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+  return jax.tree.map(vary, (grads, out, aux))
+
+
+def split_micro(cfg: TrainConfig, tree: Any) -> Any:
+  """Sample axis n -> a leading micro-batch axis [M, ..., n / M, ...]."""
+  ax, M = cfg.policy.sample_axis, cfg.micro_batches
+  return jax.tree.map(lambda x: jnp.moveaxis(
+      x.reshape(x.shape[:ax] + (M, x.shape[ax] // M) + x.shape[ax + 1:]), ax, 0), tree)
+
+
+def accumulate_grads(cfg: TrainConfig, params, frozen, specs, mb_inputs, pre: Prepass):
+  """Local gradients, loss and aux summed over `cfg.micro_batches` micro-batches (a lax.scan)."""
+  if cfg.micro_batches == 1:  # no accumulators to fill and add
+    return micro_batch_grads(cfg, params, frozen, specs, mb_inputs, pre.dens)
+  # Accumulators: gradients like params (one per output row), loss terms and metrics like the
+  # pre-pass's (their per-segment shapes do not depend on the batch size).
+  rows = (1 + cfg.space.num_agents,) if cfg.agent_grad_norms else ()
+  acc0 = jax.tree.map(lambda x: vary(jnp.zeros(x.shape, x.dtype)), (
+      jax.tree.map(lambda p: jnp.zeros(rows + p.shape, p.dtype), params),
+      jnp.zeros(rows, jnp.float32), (pre.terms0, pre.metrics0, pre.value_metrics0)))
+  body = lambda acc, mb: (jax.tree.map(
+      jnp.add, acc, micro_batch_grads(cfg, params, frozen, specs, mb, pre.dens)), None)
+  acc, _ = jax.lax.scan(body, acc0, split_micro(cfg, mb_inputs))
+  return acc
+
+
+def agent_grad_norms(grads, train_specs, num_agents: int) -> jax.Array:
+  """[A] norms of the per-agent gradients (leaves [1 + A, ...], already all-reduced)."""
+  total = jnp.zeros((num_agents,))
+  for s, g in zip(jax.tree.leaves(train_specs, is_leaf=is_spec), jax.tree.leaves(grads)):
+    sq = jnp.sum(jnp.square(g[1:]).reshape(num_agents, -1), axis=1)
+    total = total + (jax.lax.psum(sq, FSDP) if FSDP in tuple(s) else sq)
+  return jnp.sqrt(total)
+
+
+def step_metrics(cfg: TrainConfig, loss, pre: Prepass, samples, terms, metrics, value_metrics
+                 ) -> dict[str, jax.Array]:
+  """Global scalars (loss, advantage statistics, loss terms) and per-agent [A] vectors."""
+  A, Pn = cfg.space.num_agents, cfg.policy.num_policies
+  report = {"loss": loss}
+  report.update({f"adv/{k}": v for k, v in pre.adv.metrics.items()})
+  for name, nd in {**terms, **metrics}.items():
+    nd = jax.tree.map(lambda x: x.reshape(Pn, A).sum(0), psum_nd(nd))  # per agent
+    report[f"agent/{name}"] = nd.value()
+    report[name] = losses.NumDen(nd.num.sum(), nd.den.sum()).value()
+  report.update({k: psum_nd(v).value() for k, v in value_metrics.items()})
+  agent = jnp.clip(samples.agent_id, 0, A - 1)
+  report["agent/adv_mean"], report["agent/adv_std"] = per_agent_moments(
+      pre.adv.advantages, pre.tmask, agent, A)
+  reward = mixed_reward(samples, cfg.advantage.alpha)[:, None]
+  report["agent/reward"], _ = per_agent_moments(reward, samples.sample_mask[:, None], agent, A)
+  return report
+
+
+def local_grads(cfg: TrainConfig, params, frozen, batch, specs):
+  """Per-device body: advantages, denominators, accumulated gradients, metrics."""
+  train_specs, _ = specs
+  layout = layouts.of(cfg.policy)
+  params = jax.tree.map(
+      lambda s, x: jax.lax.pcast(x, reduce_axes(s), to="varying") if reduce_axes(s) else x,
+      train_specs, params, is_leaf=is_spec)
+  pre = advantages_and_denominators(cfg, batch)
+  mb_inputs = (batch,) + tuple(layout.unflatten(cfg.policy, x, batch) for x in (
+      pre.adv.advantages, pre.tmask, pre.adv.returns))
+  grads, out, (terms, metrics, value_metrics) = accumulate_grads(cfg, params, frozen, specs,
+                                                                 mb_inputs, pre)
+  # One all-reduce per leaf over the batch axes it is replicated on.
+  grads = jax.tree.map(lambda s, g: jax.lax.psum(g, reduce_axes(s)) if reduce_axes(s) else g,
+                       train_specs, grads, is_leaf=is_spec)
+  out = jax.lax.psum(out, BATCH_AXES)
+  report = step_metrics(cfg, out[0] if cfg.agent_grad_norms else out, pre,
+                        flat_field(cfg, batch, "samples"), terms, metrics, value_metrics)
+  if cfg.agent_grad_norms:
+    report["agent/grad_norm"] = agent_grad_norms(grads, train_specs, cfg.space.num_agents)
+    grads = jax.tree.map(lambda g: g[0], grads)
+  return grads, report

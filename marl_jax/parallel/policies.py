@@ -1,0 +1,173 @@
+"""A team's policies: the config, params, optimizers, partition specs and learner log-probs.
+
+`PolicyConfig.kind` names a policy layout (`parallel/layouts.py`: "shared", "lora", "stacked",
+"mapped"); every function here does the kind-independent work and asks the layout object
+(`layouts.of(cfg)`) for the rest. Every sample's `policy_id` names its policy (for "mapped", the
+index into `names`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import optax
+
+from marl_jax.algos import critic as critic_lib
+from marl_jax.algos import logprobs
+from marl_jax.algos import optim as optim_lib
+from marl_jax.models import decoder
+from marl_jax.models import lora as lora_lib
+from marl_jax.models.config import ModelConfig
+from marl_jax.parallel import layouts, sharding
+from marl_jax.parallel.layouts import of
+
+Params = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyConfig:
+  """The policy layout of a team.
+
+  Attributes:
+    kind: a name in `LAYOUTS` (table above).
+    models: one ModelConfig, or (for "mapped") one per policy, in `names` order.
+    num_policies: P. "shared" has 1; "lora"/"stacked"/"mapped" usually one per agent.
+    names: "mapped" only: policy names, the keys of its params and batch dicts.
+    lora: adapter settings ("lora" only).
+    optim: one OptimConfig for every policy, or one per policy (Dr. MAS per-agent settings).
+    critic: hidden sizes of MARFT's value head MLP over the frozen base (MARFT: (1024, 512));
+      None: no critic. Needs kind "lora" (the frozen base is the critic's trunk).
+    critic_optim: the value head's optimizer (MARFT clips gradients at 0.5).
+  """
+  kind: str = "shared"
+  models: tuple[ModelConfig, ...] = ()
+  num_policies: int = 1
+  names: tuple[str, ...] = ()
+  lora: lora_lib.LoraConfig | None = None
+  optim: tuple[optim_lib.OptimConfig, ...] = (optim_lib.OptimConfig(),)
+  critic: tuple[int, ...] | None = None
+  critic_optim: optim_lib.OptimConfig = optim_lib.OptimConfig(lr=1e-4, weight_decay=0.0,
+                                                              max_grad_norm=0.5)
+
+  def __post_init__(self):
+    layout = layouts.LAYOUTS.get(self.kind)
+    P = self.num_policies
+    if not isinstance(P, int) or P < 1:
+      raise ValueError(f"num_policies must be an int >= 1, got {P!r}")
+    if not layout.per_role and P != 1:
+      raise ValueError(f"a {self.kind} policy has num_policies=1, got {P}")
+    want_models = P if layout.per_policy_models else 1
+    if len(self.models) != want_models:
+      raise ValueError(f"policy kind {self.kind!r} with {P} policies needs {want_models} model "
+                       f"config(s), got {len(self.models)}")
+    if layout.per_policy_models and (len(self.names) != P or len(set(self.names)) != P):
+      raise ValueError(f"{self.kind} policies need {P} distinct names, got {self.names!r}")
+    if not layout.per_policy_models and self.names:
+      raise ValueError(f"names are for mapped policies, not {self.kind!r}")
+    if layout.adapters != (self.lora is not None):
+      raise ValueError(f"a LoraConfig is required by kind 'lora' and only by it (kind "
+                       f"{self.kind!r}, lora={self.lora!r})")
+    if self.critic is not None and not layout.adapters:
+      raise ValueError(f"a critic needs a frozen base model (kind 'lora'), got kind "
+                       f"{self.kind!r}")
+    if len(self.optim) not in (1, P):
+      raise ValueError(f"optim has {len(self.optim)} configs; expected 1 or num_policies={P}")
+
+  @property
+  def sample_axis(self) -> int:
+    """Axis of batch arrays that indexes samples (1 for stacked: [P, N/P, ...])."""
+    return of(self).sample_axis
+
+  def optim_of(self, p: int) -> optim_lib.OptimConfig:
+    return self.optim[p if len(self.optim) > 1 else 0]
+
+
+def init_params(cfg: PolicyConfig, key: jax.Array, base: Params | dict[str, Params] | None = None
+                ) -> tuple[Params, Params]:
+  """(trainable, frozen) params. `base`: pretrained weights (a dict name -> params for "mapped");
+  None draws random ones. Stacked and mapped policies all start from `base`."""
+  layout = of(cfg)
+  k_model, k_lora, k_critic = jax.random.split(key, 3)
+  if base is None:
+    inits = [decoder.init_params(m, k) for m, k in
+             zip(cfg.models, jax.random.split(k_model, len(cfg.models)))]
+    base = dict(zip(cfg.names, inits)) if layout.per_policy_models else inits[0]
+  elif layout.per_policy_models and sorted(base) != sorted(cfg.names):
+    raise ValueError(f"{cfg.kind} base params have keys {sorted(base)}; expected "
+                     f"{sorted(cfg.names)}")
+  policy, frozen = layout.init_policy(cfg, k_lora, base)
+  trainable = {"policy": policy}
+  if cfg.critic is not None:
+    trainable["critic"] = critic_lib.init_value_head(k_critic, cfg.models[0].hidden_size,
+                                                     cfg.critic)
+  return trainable, frozen
+
+
+def make_optimizers(cfg: PolicyConfig) -> dict[str, optax.GradientTransformation]:
+  """Optimizers of trainable['policy'] (one per policy: per-agent settings, or P models) and
+  trainable['critic']."""
+  txs = [optim_lib.make_optimizer(cfg.optim_of(p)) for p in range(cfg.num_policies)]
+  parts = {"policy": of(cfg).policy_optimizer(cfg, txs)}
+  if cfg.critic is not None:
+    parts["critic"] = optim_lib.make_optimizer(cfg.critic_optim)
+  return parts
+
+
+def make_optimizer(cfg: PolicyConfig) -> optax.GradientTransformation:
+  """The optimizer of all trainable params, state keyed like them ({'policy', 'critic'})."""
+  return optim_lib.by_key(make_optimizers(cfg))
+
+
+def trainable_specs(cfg: PolicyConfig, trainable: Params, fsdp_size: int) -> Any:
+  """FSDP PartitionSpecs of the trainable params; adapters and the value head stay replicated."""
+  specs = {"policy": of(cfg).policy_specs(cfg, trainable["policy"], fsdp_size)}
+  if "critic" in trainable:
+    specs["critic"] = sharding.replicated(trainable["critic"])
+  return specs
+
+
+def param_specs(cfg: PolicyConfig, trainable: Params, frozen: Params,
+                fsdp_size: int) -> tuple[Any, Any]:
+  """FSDP PartitionSpecs of (trainable, frozen) params."""
+  frozen_specs = {"base": sharding.model_specs(frozen["base"], fsdp_size)} if frozen else {}
+  return trainable_specs(cfg, trainable, fsdp_size), frozen_specs
+
+
+def _one_model(params, model_specs, config, batch, adapters, remat: bool):
+  """Gathered non-layer params and response hidden states of one model (inside shard_map)."""
+  params = sharding.gather_outside_layers(params, model_specs)
+  hidden = logprobs.response_hidden(params, config, batch.prompt, batch.prompt_mask,
+                                    batch.response, adapters=adapters,
+                                    layer_hook=sharding.layer_hook(model_specs), remat=remat)
+  return params, hidden
+
+
+def token_logprobs(cfg: PolicyConfig, trainable: Params, frozen: Params, specs: tuple[Any, Any],
+                   batch: Any, *, temperature: float, with_entropy: bool = False,
+                   remat: bool = False) -> tuple[Any, Any]:
+  """Log-probs (and entropies) of every policy's response tokens, in the batch's own layout.
+
+  Runs inside shard_map on local shards (or outside it with unsharded specs): leaves outside the
+  layer stack are all-gathered here and each layer inside the scan. `batch` has `prompt`,
+  `prompt_mask`, `response` and `samples.policy_id` (a dict of such for "mapped").
+  """
+
+  def run(params, model_specs, config, b, adapters):
+    params, hidden = _one_model(params, model_specs, config, b, adapters, remat)
+    return logprobs.token_logprobs_from_hidden(params, config, hidden, b.response, temperature,
+                                               with_entropy)
+
+  return of(cfg).token_logprobs(cfg, run, trainable["policy"], frozen,
+                                (specs[0]["policy"], specs[1]), batch)
+
+
+def critic_values(cfg: PolicyConfig, trainable: Params, frozen: Params, specs: tuple[Any, Any],
+                  batch: Any, *, remat: bool = False) -> jax.Array:
+  """MARFT critic values [n, R]: value of the state before each response token, from the frozen
+  base (no adapters). Column 0 is the value of the prompt, i.e. of the agent's action."""
+  _, hidden = _one_model(frozen["base"], specs[1]["base"], cfg.models[0], batch, None, remat)
+  return critic_lib.value_head(trainable["critic"], hidden)
+
+
