@@ -1,0 +1,97 @@
+"""The batch module: id rules (derived here by hand), group codes, reward mix, rows and sizes."""
+from __future__ import annotations
+
+import chex
+import numpy as np
+import pytest
+
+from marl_jax.algos import batch as batch_lib
+from marl_jax.algos.batch import BatchShape, GroupSpace, make_batch
+from marl_jax.workflows.rollout import Generation, Sample
+
+SHAPE = BatchShape(num_problems=2, trajs_per_problem=3, max_turns=2, num_agents=2)
+
+
+def sample(problem, branch, turn, agent, prompt, response, reward=0.0, team=0.0, policy=None):
+  gen = Generation("x", tuple(prompt), tuple(response), tuple(-0.5 * (i + 1)
+                                                              for i in range(len(response))))
+  traj = batch_lib.traj_id(problem, branch, SHAPE.trajs_per_problem)
+  return Sample(problem, traj, turn, f"a{agent}", agent, agent if policy is None else policy,
+                branch, -1, [], gen, reward=reward, team_reward=team)
+
+
+def test_id_rules():
+  # 3 trajectories per problem: problem 1's branch 2 is trajectory 1 * 3 + 2 = 5.
+  assert batch_lib.traj_id(1, 2, 3) == 5
+  assert batch_lib.traj_id(0, 0, 3) == 0
+  # 4 turns: trajectory 5's turn 3 is node 5 * 4 + 3 = 23, grown from node 22; turn 0 is a root.
+  assert batch_lib.node_id(5, 3, 4) == 23
+  assert batch_lib.parent_node(5, 3, 4) == 22
+  assert batch_lib.parent_node(5, 0, 4) == -1
+  space = SHAPE.space
+  assert (space.num_trajs, space.num_nodes) == (6, 12)
+
+
+def test_group_ids_are_mixed_radix_codes():
+  space = GroupSpace(num_problems=3, max_turns=2, num_agents=2)
+  b = make_batch(np.zeros(4), problem_id=[2, 0, 3, 1], turn=[1, 0, 0, 2], agent_id=[1, 1, 0, 0])
+  ids, num, ok = batch_lib.group_ids(b, "problem", space)
+  np.testing.assert_array_equal(ids, [2, 0, 3, 1])
+  assert num == 3
+  np.testing.assert_array_equal(ok, [True, True, False, True])  # problem 3 is out of range
+  ids, num, _ = batch_lib.group_ids(b, "problem_agent", space)
+  np.testing.assert_array_equal(ids, [2 * 2 + 1, 0 * 2 + 1, 3 * 2 + 0, 1 * 2 + 0])
+  assert num == 6
+  ids, num, ok = batch_lib.group_ids(b, "problem_turn_agent", space)
+  np.testing.assert_array_equal(ids[:2], [(2 * 2 + 1) * 2 + 1, (0 * 2 + 0) * 2 + 1])
+  assert num == 12
+  np.testing.assert_array_equal(ok, [True, True, False, False])  # turn 2 is out of range too
+
+
+def test_mixed_reward():
+  b = make_batch([1.0, -2.0], team_rewards=[2.0, 4.0])
+  np.testing.assert_allclose(batch_lib.mixed_reward(b, 0.5), [2.0, 0.0])
+  np.testing.assert_allclose(batch_lib.mixed_reward(b, 0.0), [1.0, -2.0])
+
+
+def test_build_rows_assigns_every_id_and_pads():
+  samples = [sample(1, 2, 1, 0, [7, 8, 9], [4, 5], reward=1.0, team=3.0),
+             sample(0, 0, 0, 1, [6], [3, 2, 1])]
+  rows = batch_lib.build_rows(samples, SHAPE, pad_id=0, rows=4, width=5, resp_width=4)
+  chex.assert_shape([rows.prompt, rows.prompt_mask], (4, 5))
+  chex.assert_shape([rows.response, rows.old_logp, rows.samples.token_mask], (4, 4))
+  s = rows.samples
+  # Sample 0: problem 1, branch 2 -> trajectory 1 * 3 + 2 = 5; turn 1 -> node 5 * 2 + 1 = 11,
+  # parent node 10. Sample 1: trajectory 0, turn 0 -> node 0, a root.
+  np.testing.assert_array_equal(s.problem_id, [1, 0, 0, 0])
+  np.testing.assert_array_equal(s.traj_id, [5, 0, 0, 0])
+  np.testing.assert_array_equal(s.turn, [1, 0, 0, 0])
+  np.testing.assert_array_equal(s.agent_id, [0, 1, 0, 0])
+  np.testing.assert_array_equal(s.policy_id, [0, 1, 0, 0])
+  np.testing.assert_array_equal(s.node_id, [11, 0, 0, 0])
+  np.testing.assert_array_equal(s.parent_node, [10, -1, -1, -1])
+  np.testing.assert_array_equal(s.sample_mask, [True, True, False, False])
+  np.testing.assert_allclose(s.rewards, [1.0, 0.0, 0.0, 0.0])
+  np.testing.assert_allclose(s.team_rewards, [3.0, 0.0, 0.0, 0.0])
+  # Prompts left-padded, responses right-padded, padding rows all masked out.
+  np.testing.assert_array_equal(rows.prompt[0], [0, 0, 7, 8, 9])
+  np.testing.assert_array_equal(rows.prompt_mask[1], [False] * 4 + [True])
+  np.testing.assert_array_equal(rows.response[1], [3, 2, 1, 0])
+  np.testing.assert_array_equal(s.token_mask[0], [True, True, False, False])
+  np.testing.assert_allclose(rows.old_logp[1], [-0.5, -1.0, -1.5, 0.0])
+  assert not s.token_mask[2:].any() and not rows.prompt_mask[2:].any()
+  batch_lib.validate_batch(s, SHAPE.space)  # every id within the declared space
+
+
+def test_sizes_bucket_and_round_to_the_multiple():
+  samples = [sample(0, 0, 0, 0, [1] * 40, [2] * 17), sample(0, 1, 0, 1, [1] * 5, [2])]
+  shape = BatchShape(num_problems=1, trajs_per_problem=2, max_turns=1, num_agents=2,
+                     multiple=6)
+  # Rows: 9 -> power of two 16 -> multiple of 6: 18. Prompt 40 -> 64; response 17 -> 32.
+  assert shape.sizes(samples, block_rows=9) == (18, 64, 32)
+  # Minimums: 8 rows, 32 prompt tokens, 16 response tokens.
+  assert BatchShape(1, 2, 1, 2).sizes(samples[1:], block_rows=1) == (8, 32, 16)
+  with pytest.raises(ValueError, match="no samples"):
+    shape.sizes([], block_rows=0)
+  with pytest.raises(ValueError, match="3 samples do not fit in a block of 2 rows"):
+    batch_lib.build_rows(samples + samples[:1], shape, 0, rows=2, width=64, resp_width=32)
