@@ -5,10 +5,11 @@ axis `N`, so the whole batch can be split along that axis by `shard_map` (`in_sp
 all group ids are globally unique and dense, so per-device segment statistics can be summed across
 devices into exact global statistics.
 
-Ids are dense per step and assigned here only: the rollout numbers problems 0..num_problems-1 and
-records each sample's branch; a trajectory is `problem_id * trajs_per_problem + branch`
-(`traj_id`), a MAGRPO node one (trajectory, turn) pair (`node_id`), so the estimators' static
-segment counts (`BatchShape.space`) follow from the config alone. The estimators decode group ids
+Ids are dense per step and their rules live here only: the rollout numbers problems
+0..num_problems-1 and the j-th trajectory of a problem `traj_id(problem_id, j, trajs_per_problem)`
+(one per problem in tree mode, K for independent rollouts); `build_rows` assigns every other id (a
+MAGRPO node is one (trajectory, turn) pair, `node_id`), so the estimators' static segment counts
+(`BatchShape.space`) follow from the config alone. The estimators decode group ids
 with `group_ids` and mix rewards with `mixed_reward`.
 
 Host side (NumPy): `build_rows` pads samples into one flat block; shapes are bucketed (rows,
@@ -207,9 +208,9 @@ def _in_range(ids: jax.Array, low: int, high: int) -> jax.Array:
 
 def group_ids(batch: SampleBatch, group_by: str,
               space: GroupSpace) -> tuple[jax.Array, int, jax.Array]:
-  """Mixed-radix group code [N] of (problem[, turn][, agent]) (`group_by`: "problem", "problem_agent" or
-  "problem_turn_agent"), its segment
-  count, and whether each sample's ids are in range [N]."""
+  """Mixed-radix group code [N] of (problem[, turn][, agent]), its segment count, and whether
+  each sample's ids are in range [N]. `group_by`: "problem", "problem_agent" or
+  "problem_turn_agent"; each factor has its own radix, so distinct problems never share a group."""
   p, t, a = batch.problem_id, batch.turn, batch.agent_id
   ok = _in_range(p, 0, space.num_problems)
   if group_by == "problem":

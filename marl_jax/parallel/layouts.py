@@ -13,11 +13,9 @@ kinds: param init and selection, optimizers, partition specs, the batch layout (
 axis, flatten / unflatten), validation of configs and batches, and the per-kind parts of building
 the batch (rows per block, pad id per model). Nothing outside this module compares kind strings.
 Every sample's `policy_id` names its policy (for "mapped", the index into `names`). The learner's
-log-probs come from `algos/logprobs.py` (the same quantity the sampler records).
-
-
-The params, optimizers, specs and log-probs of a `PolicyConfig` are in `parallel/policies.py`,
-which asks the layout for every per-kind part.
+log-probs come from `algos/logprobs.py` (the same quantity the sampler records). The params,
+optimizers, specs and log-probs of a `PolicyConfig` are in `parallel/policies.py`, which asks the
+layout for every per-kind part.
 """
 
 from __future__ import annotations
@@ -277,8 +275,6 @@ def batch_sizes(cfg: PolicyConfig, samples: Sequence[RolloutSample], shape: Batc
   Multi-host runs take the element-wise maximum over processes (`multihost.agree_max`) and pass
   it to `build_batch`, so every process's rows have the same shapes.
   """
-  if not samples:
-    raise ValueError("no samples to train on; the rollout produced none")
   return shape.sizes(samples, max(len(b) for b in of(cfg).blocks(cfg, samples)))
 
 

@@ -31,7 +31,7 @@ class PolicyConfig:
   """The policy layout of a team.
 
   Attributes:
-    kind: a name in `LAYOUTS` (table above).
+    kind: a policy layout, one of `layouts.LAYOUTS` (the table in `parallel/layouts.py`).
     models: one ModelConfig, or (for "mapped") one per policy, in `names` order.
     num_policies: P. "shared" has 1; "lora"/"stacked"/"mapped" usually one per agent.
     names: "mapped" only: policy names, the keys of its params and batch dicts.

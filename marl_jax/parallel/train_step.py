@@ -194,7 +194,7 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
   param_specs = lambda trainable, frozen: policies.param_specs(pcfg, trainable, frozen, fsdp)
 
   def sharded(body, out_specs):
-    """`body(cfg, params, frozen, specs, batch)` shard_map'ed over the mesh."""
+    """`body(params, frozen, specs, batch)` (local shards) shard_map'ed over the mesh."""
 
     def run(params, frozen, batch):
       specs = param_specs(params, frozen)

@@ -15,7 +15,7 @@ from marl_jax.algos.losses import LossConfig
 from marl_jax.algos.optim import by_key
 from marl_jax.models.config import get_preset
 from marl_jax.parallel import gradients
-from marl_jax.parallel.mesh import make_mesh
+from marl_jax.parallel.mesh import BATCH_AXES, make_mesh
 from marl_jax.parallel.policies import PolicyConfig
 from marl_jax.parallel.train_step import TrainConfig, TrainState, guarded_update
 
@@ -65,12 +65,12 @@ def test_agent_vjp_grads_differentiate_every_row():
   mesh = make_mesh(devices=jax.devices()[:1])
   loss_fn = lambda p: (jnp.stack([jnp.sum(p ** 2), p[0], 2.0 * p[1]]), {"aux": p[0]})
 
-  def body(p):
-    grads, out, aux = gradients.agent_vjp_grads(loss_fn, p, num_agents=2)
-    return grads, out
+  def body(p):  # params vary over the batch axes, as `local_grads` marks them
+    grads, out, aux = gradients.agent_vjp_grads(loss_fn, gradients.vary(p), num_agents=2)
+    return jax.lax.psum((grads, out), BATCH_AXES)  # one device: the all-reduce is the identity
 
-  grads, out = jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P(),
-                             check_vma=False)(jnp.asarray([3.0, -1.0]))
+  grads, out = jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P())(
+      jnp.asarray([3.0, -1.0]))
   chex.assert_shape(grads, (3, 2))
   np.testing.assert_allclose(grads, [[6.0, -2.0], [1.0, 0.0], [0.0, 2.0]])
   np.testing.assert_allclose(out, [10.0, 3.0, -2.0])
