@@ -22,7 +22,7 @@ import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
 import toy_task
-from configs import common
+from configs import atgrpo_games, common
 from marl_jax.envs.code import data as code_data
 from marl_jax.envs.search import task as search_task
 from marl_jax.envs.writing import data as writing_data
@@ -41,18 +41,21 @@ def _module(name: str):
 
 # Every option axis of every config file (the first option of an axis is its default).
 AXES = {
-    "atgrpo_math": {"variant": common.ATGRPO_VARIANTS},
-    "atgrpo_code": {"variant": common.ATGRPO_VARIANTS},
+    "atgrpo_math": {"variant": atgrpo_games.TASK_VARIANTS},
+    "atgrpo_code": {"variant": atgrpo_games.TASK_VARIANTS},
     **{name: {"estimator": common.DRMAS_ESTIMATORS, "models": _module(name).MODELS}
        for name in ("drmas_math", "drmas_search")},
     **{name: {"estimator": common.MAGRPO_ESTIMATORS, "models": _module(name).MODELS}
        for name in ("magrpo_tldr", "magrpo_arxiv", "magrpo_humaneval")},
 }
 FILES = tuple(AXES)
+# The AT-GRPO game files share the game table's axis (the plan_path cpu run: tests/training).
+GAME_AXES = {f"atgrpo_{game}": {"variant": atgrpo_games.VARIANTS}
+             for game in ("plan_path", "sokoban", "sudoku")}
 
 
 def _presets():
-  for name, axes in AXES.items():
+  for name, axes in {**AXES, **GAME_AXES}.items():
     for options in itertools.product(*axes.values()):
       for cpu in ((), ("cpu",)):
         yield name, ",".join(options + cpu)
@@ -157,6 +160,8 @@ def test_variants(name, preset, want):
     ("drmas_search", "sharded", "unknown option 'sharded'"),
     ("atgrpo_code", "mas_shared,mas_lora", "a second variant"),
     ("magrpo_arxiv", "full,cpu,gpu", "unknown option 'gpu'"),
+    ("atgrpo_sudoku", "mas_shared,single", "a second variant"),
+    ("atgrpo_plan_path", "cpu,gpu", "unknown option 'gpu'"),
 ])
 def test_bad_presets_name_the_options(name, preset, message):
   with pytest.raises(ValueError, match=message):
