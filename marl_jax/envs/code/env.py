@@ -1,4 +1,4 @@
-"""Code environments: AT-GRPO coder + unit-test writer and a single coder (code/task.py builds them).
+"""Code environments: AT-GRPO coder + unit-test writer and a single coder (built by code/task.py).
 
 Problems are canonical code dicts (code/data.py): stdin/stdout tasks (APPS, CodeContests,
 LiveCodeBench) or function tasks (HumanEval, MBPP). Every program runs through `code_harness`

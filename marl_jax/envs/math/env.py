@@ -1,8 +1,8 @@
 """Math environments of AT-GRPO, Dr. MAS and MARFT (PAPERS.md sections 1, 2, 4), one problem each.
 
 All share a problem {"question", "answer"} and `math_answers.is_equiv`; rewards are additive
-agent-keyed contributions (base.py); the team reward the engine attaches when an episode ends is
-`solved` (1/0), which the estimators mix in as `alpha * team + local`.
+agent-keyed contributions (envs/base.py); the team reward the engine attaches when an episode ends
+is `solved` (1/0), which the estimators mix in as `alpha * team + local`.
 
 'atgrpo'  each turn a tool agent writes a Python program (the workflow runs it in the sandbox and
           passes its stdout; its answer is the last printed line), then a reasoner answers in
