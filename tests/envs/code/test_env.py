@@ -20,9 +20,8 @@ from marl_jax.envs.code import magrpo as code_magrpo
 from marl_jax.envs.code import data as code_data
 from marl_jax.sandbox import runner as sandbox
 from marl_jax.envs.code.env import CodeEnv, CodeProblem
-from marl_jax.workflows import replay
+from marl_jax.workflows import registry, replay
 from marl_jax.workflows import rollout as R
-from marl_jax.workflows import registry
 
 FAST = code_harness.ExecLimits(case_timeout_s=0.5, load_timeout_s=1.0, total_timeout_s=4.0,
                                memory_mb=256)

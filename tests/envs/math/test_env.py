@@ -17,9 +17,8 @@ import pytest
 from marl_jax.envs.math import answers as math_answers
 from marl_jax.envs.math import data as math_data
 from marl_jax.sandbox import runner as sandbox
-from marl_jax.workflows import replay
+from marl_jax.workflows import registry, replay
 from marl_jax.workflows import rollout as R
-from marl_jax.workflows import registry
 
 # (prediction, gold, equivalent?) labelled by hand.
 CASES = [

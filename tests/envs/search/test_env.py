@@ -12,9 +12,8 @@ import pytest
 from marl_jax.envs.search import data as search_data
 from marl_jax.envs.search import env as search
 from marl_jax.traces import schema
-from marl_jax.workflows import replay
+from marl_jax.workflows import registry, replay
 from marl_jax.workflows import rollout as R
-from marl_jax.workflows import registry
 
 
 def oracle(requests, policy_id, params):

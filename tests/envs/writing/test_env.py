@@ -13,9 +13,8 @@ import json
 import pytest
 
 from marl_jax.envs.writing import env as writing
-from marl_jax.workflows import replay
+from marl_jax.workflows import registry, replay
 from marl_jax.workflows import rollout as R
-from marl_jax.workflows import registry
 
 
 def words(prefix: str, n: int, length: int) -> list[str]:
