@@ -1,7 +1,7 @@
 """AT-GRPO code (PAPERS.md section 1): a coder, then a unit-test writer; the episode ends when the
 generated tests pass on the generated code (at most 4 turns). All programs run in the sandbox.
 
-`get_config("VARIANT[,cpu]")`, VARIANT one of configs/common.ATGRPO_VARIANTS: the table rows of
+`get_config("VARIANT[,cpu]")`, VARIANT one of configs/atgrpo_games.TASK_VARIANTS: the table rows of
 configs/atgrpo_games.py (single, sa_grpo, mas_norl, mas_shared (default), mas_lora, mas_full) and
 mas_grpo (the team under plain GRPO). Defaults are the paper's: Qwen3-1.7B (pass
 `--config.model=/path/to/Qwen3-1.7B`), 32 problems x K=8 tree branches, 200 steps, 2048-token
@@ -17,10 +17,11 @@ APPS training data: `--config.env.kwargs.path=apps_train.jsonl --config.env.kwar
 
 from __future__ import annotations
 
-from configs.common import atgrpo_task_config, data_fields
+from configs.atgrpo_games import task_config
+from configs.common import data_fields
 
 
 def get_config(preset: str | None = None):
-  c = atgrpo_task_config("code", "atgrpo", max_turns=4, preset=preset)
+  c = task_config("code", "atgrpo", max_turns=4, preset=preset)
   data_fields(c, path=None, fmt="canonical")
   return c

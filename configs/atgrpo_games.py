@@ -1,6 +1,7 @@
 """AT-GRPO game settings (PAPERS.md section 1): the rows of the game table as config variants.
 
-`get_config("VARIANT[,cpu]")` for the env named by the calling config file. Variants:
+`get_config("VARIANT[,cpu]")` for the env named by the calling config file (parsed by
+`parse_game_preset`). Variants:
   single       single agent, no RL (evaluation only)
   sa_grpo      single agent + GRPO
   mas_norl     the two-agent team without RL (evaluation only)
@@ -11,28 +12,29 @@ Defaults are the paper's: Qwen3-1.7B (pass `--config.model=/path/to/Qwen3-1.7B`)
 K=8 tree branches, 200 steps, response 2048 tokens, lr 1e-6 constant, clip 0.2/0.2, dual-clip 3,
 token-mean loss, grad clip 1.0, weight decay 0.01, lowest-mean 50% group filtering, validation
 every 10 steps on 100 held-out seeds. `cpu` shrinks everything to the embedded SmolLM2-135M on a
-2-core machine.
+2-core machine. `task_config` gives the same rows for the math and code envs.
 """
 
 from __future__ import annotations
 
 import ml_collections
 
+from configs.common import CPU_MAX_NEW_TOKENS, parse_preset
 from marl_jax.training.config import base_config
 
-VARIANTS = ("single", "sa_grpo", "mas_norl", "mas_shared", "mas_lora", "mas_full")
+VARIANTS = ("mas_shared", "single", "sa_grpo", "mas_norl", "mas_lora", "mas_full")  # default first
 EVAL_ONLY = ("single", "mas_norl")
 
 
-def game_config(env_name: str, env_kwargs: dict, max_turns: int,
-                preset: str | None) -> ml_collections.ConfigDict:
-  parts = [p for p in (preset or "mas_shared").split(",") if p]
-  variants = [p for p in parts if p in VARIANTS]
-  unknown = [p for p in parts if p not in VARIANTS and p != "cpu"]
-  if unknown or len(variants) > 1:
-    raise ValueError(f"config preset {preset!r}: expected one of {list(VARIANTS)}, optionally "
-                     "followed by ',cpu'")
-  variant = variants[0] if variants else "mas_shared"
+def parse_game_preset(preset: str | None) -> tuple[str, bool]:
+  """'VARIANT[,cpu]' -> (the variant, whether `cpu` was named)."""
+  choice, cpu = parse_preset(preset, {"variant": VARIANTS})
+  return choice["variant"], cpu
+
+
+def game_config(env_name: str, env_kwargs: dict, max_turns: int, variant: str,
+                cpu: bool) -> ml_collections.ConfigDict:
+  """The game-table row `variant` (one of VARIANTS) on `env_name`, shrunk by `cpu`."""
   c = base_config()
   c.name = f"atgrpo_{env_name}_{variant}"
   c.model = "qwen3-1.7b"
@@ -46,7 +48,7 @@ def game_config(env_name: str, env_kwargs: dict, max_turns: int,
   c.rollout.mode = "independent" if variant == "sa_grpo" else "tree"
   c.algo.estimator = "grpo" if variant == "sa_grpo" else "at_grpo"
   c.train.eval_only = variant in EVAL_ONLY
-  if "cpu" in parts:  # README's main job: about 10 minutes on a 2-core CPU
+  if cpu:  # README's main job: about 10 minutes on a 2-core CPU
     c.model = "smollm2-135m-instruct"
     c.rollout.problems_per_step = 2
     c.rollout.k = 2
@@ -58,4 +60,37 @@ def game_config(env_name: str, env_kwargs: dict, max_turns: int,
     c.eval.at_start = False
     c.train.remat = True  # per-layer rematerialisation: a 1k-token batch fits in a few GiB
     c.checkpoint.every_steps = 1
+  return c
+
+
+TASK_VARIANTS = ("mas_shared", "mas_lora", "mas_full", "mas_grpo", "single", "sa_grpo",
+                 "mas_norl")
+
+
+def task_config(env_name: str, team_workflow: str, max_turns: int,
+                preset: str | None) -> ml_collections.ConfigDict:
+  """AT-GRPO on a math or code env: the game table's rows (same names, hyperparameters and cpu
+  preset) with the env's own workflow names, plus `mas_grpo`: the team trained with plain GRPO
+  (independent rollouts, one group per problem), the estimator ablation.
+
+  Team rewards follow PAPERS.md ("final = alpha * global + local"): each agent's local reward plus
+  the episode's team reward (alpha = 1). The single-agent rows keep alpha = 0: their local reward
+  already is the task reward. The cpu preset runs one turn.
+  """
+  choice, cpu = parse_preset(preset, {"variant": TASK_VARIANTS})
+  variant = choice["variant"]
+  base_variant = "mas_shared" if variant == "mas_grpo" else variant
+  c = game_config(env_name, {}, 1 if cpu else max_turns, base_variant, cpu)
+  c.name = f"atgrpo_{env_name}_{variant}"
+  single = c.env.workflow == "single"
+  c.env.workflow = "single" if single else team_workflow
+  if single:
+    c.env.max_turns = 1
+  if variant == "mas_grpo":
+    c.algo.estimator = "grpo"
+    c.rollout.mode = "independent"
+  c.algo.alpha = 0.0 if single else 1.0
+  if cpu:
+    c.eval.num_problems = 2
+    c.sampling.max_new_tokens = CPU_MAX_NEW_TOKENS
   return c

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ml_collections
 from ml_collections import config_dict
 
-from configs.atgrpo_games import game_config
 from marl_jax.training.config import base_config
 
 # Team policies: one shared model with role prompts, one LoRA adapter per role over a frozen base,
@@ -82,39 +81,6 @@ def cpu_preset(c: ml_collections.ConfigDict) -> None:
   c.checkpoint.every_steps = 1
   if c.policy.kind == "mapped":  # the one local model, once per agent
     c.policy.models = (c.model,) * len(c.policy.models)
-
-
-ATGRPO_VARIANTS = ("mas_shared", "mas_lora", "mas_full", "mas_grpo", "single", "sa_grpo",
-                   "mas_norl")
-
-
-def atgrpo_task_config(env_name: str, team_workflow: str, max_turns: int,
-                       preset: str | None) -> ml_collections.ConfigDict:
-  """AT-GRPO on a math or code env: the table rows of configs/atgrpo_games.py (same names,
-  hyperparameters and cpu preset) with the env's own workflow names, plus `mas_grpo`: the team
-  trained with plain GRPO (independent rollouts, one group per problem), the estimator ablation.
-
-  Team rewards follow PAPERS.md ("final = alpha * global + local"): each agent's local reward plus
-  the episode's team reward (alpha = 1). The single-agent rows keep alpha = 0: their local reward
-  already is the task reward. The cpu preset runs one turn.
-  """
-  choice, cpu = parse_preset(preset, {"variant": ATGRPO_VARIANTS})
-  variant = choice["variant"]
-  base_variant = "mas_shared" if variant == "mas_grpo" else variant
-  c = game_config(env_name, {}, 1 if cpu else max_turns, base_variant + (",cpu" if cpu else ""))
-  c.name = f"atgrpo_{env_name}_{variant}"
-  single = c.env.workflow == "single"
-  c.env.workflow = "single" if single else team_workflow
-  if single:
-    c.env.max_turns = 1
-  if variant == "mas_grpo":
-    c.algo.estimator = "grpo"
-    c.rollout.mode = "independent"
-  c.algo.alpha = 0.0 if single else 1.0
-  if cpu:
-    c.eval.num_problems = 2
-    c.sampling.max_new_tokens = CPU_MAX_NEW_TOKENS
-  return c
 
 
 DRMAS_ESTIMATORS = ("drmas", "grpo")

@@ -13,10 +13,7 @@ from marl_jax.models import config as model_config
 from marl_jax.models import decoder, hf
 from marl_jax.models.loading import embedded_gguf_path
 from marl_jax.models.tokenizer import Tokenizer
-from marl_jax.traces.replay import register_replayer
 from marl_jax.workflows import registry
-from marl_jax.workflows.replay import recompute_rewards
-from marl_jax.workflows.spec import WorkflowSpec
 
 NAME = "toy_vowels"
 
@@ -48,11 +45,10 @@ def make_env(*, seed: int) -> VowelEnv:
 
 
 def register() -> None:
-  envs_base._REGISTRY[NAME] = f"{__name__}:make_env"
-  registry.register_task(NAME, registry.TaskEntry(
-      ("single",), lambda v, t, per_role: WorkflowSpec(("writer",), max_turns=1),
-      lambda v, t, seed: dict(seed=seed)))
-  register_replayer(NAME, recompute_rewards, replace=True)
+  """Registers the toy env, its one-turn workflow and its replayer (replacing an earlier call's)."""
+  registry.register(NAME, envs_base.Task(
+      make_env, {"single": envs_base.Workflow(("writer",), max_turns=1, fixed_turns=True)},
+      lambda v, t, seed: dict(seed=seed)), replace=True)
 
 
 def write_tiny_model(path: str) -> None:

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from marl_jax.algos import gae
 from marl_jax.algos.batch import GroupSpace, SampleBatch, group_ids, mixed_reward
+from marl_jax.registry import Registry
 
 __all__ = ["AdvantageConfig", "AdvantageOutput", "ESTIMATORS", "GroupSpace", "estimate",
            "get_estimator"]
@@ -458,24 +459,17 @@ def gae_token(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
 
 Estimator = Callable[[SampleBatch, AdvantageConfig, GroupSpace, AxisName], AdvantageOutput]
 
-ESTIMATORS: dict[str, Estimator] = {
-    "grpo": grpo,
-    "at_grpo": at_grpo,
-    "drmas": drmas,
-    "dr_grpo": dr_grpo,
-    "rloo": rloo,
-    "remax": remax,
-    "magrpo": magrpo,
-    "gae_action": gae_action,
-    "gae_token": gae_token,
-}
+ESTIMATORS: Registry[Estimator] = Registry("estimator")
+for _name, _estimator in (("grpo", grpo), ("at_grpo", at_grpo), ("drmas", drmas),
+                          ("dr_grpo", dr_grpo), ("rloo", rloo), ("remax", remax),
+                          ("magrpo", magrpo), ("gae_action", gae_action),
+                          ("gae_token", gae_token)):
+  ESTIMATORS.register(_name, _estimator)
 
 
 def get_estimator(name: str) -> Estimator:
   """The registered estimator `name`; raises ValueError listing the known names otherwise."""
-  if name not in ESTIMATORS:
-    raise ValueError(f"unknown estimator {name!r}; expected one of {sorted(ESTIMATORS)}")
-  return ESTIMATORS[name]
+  return ESTIMATORS.get(name)
 
 
 def estimate(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,

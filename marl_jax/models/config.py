@@ -30,6 +30,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from marl_jax.registry import Registry
+
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
 
@@ -90,7 +92,8 @@ def _qwen3(**kw) -> ModelConfig:
 
 
 # Architecture presets. Weights come from the embedded GGUF (smollm2) or a local directory.
-PRESETS: dict[str, ModelConfig] = {
+PRESETS: Registry[ModelConfig] = Registry("model preset")
+for _name, _config in {
     "smollm2-135m-instruct": _llama(
         vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
         num_attention_heads=9, num_key_value_heads=3, head_dim=64, rope_theta=100000.0,
@@ -137,14 +140,14 @@ PRESETS: dict[str, ModelConfig] = {
                               intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                               num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
                               tie_word_embeddings=False),
-}
+}.items():
+  PRESETS.register(_name, _config)
 
 
 def get_preset(name: str) -> ModelConfig:
   """Returns the architecture preset called `name`; unknown names list the known ones."""
-  try:
-    return PRESETS[name]
-  except KeyError:
+  if name not in PRESETS:
     raise ValueError(
-        f"unknown model preset {name!r}; expected one of {sorted(PRESETS)} "
-        "or a path to a GGUF file / HF checkpoint directory") from None
+        f"unknown model preset {name!r}; expected one of {list(PRESETS.names())} "
+        "or a path to a GGUF file / HF checkpoint directory")
+  return PRESETS.get(name)

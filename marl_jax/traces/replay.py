@@ -8,7 +8,10 @@ recomputed channels with the recorded ones, exactly by default: JSON round-trips
 for bit, so any difference means the rewards or the content were changed, or the reward code
 drifted.
 
-Task modules register at import time: ``register_replayer("plan_path", recompute_plan_path)``.
+Replayers live in the `REPLAYERS` registry (marl_jax/registry.py), under the task name:
+``REPLAYERS.register("plan_path", recompute_plan_path)``, or a lazy ``"module:function"`` string
+that is imported when a trace of that task is first replayed (the environment registry,
+workflows/registry.py, registers every environment's replayer that way).
 """
 from __future__ import annotations
 
@@ -16,12 +19,13 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from marl_jax.registry import Registry
 from marl_jax.traces.recorder import task_name
 from marl_jax.traces.store import content_ref, is_content_ref
 
 Replayer = Callable[[Mapping[str, Any], Mapping[str, str]], Mapping[str, float]]
 
-_REPLAYERS: dict[str, Replayer] = {}  # task name -> replayer; filled by task modules on import
+REPLAYERS: Registry[Replayer] = Registry("replayer")  # task name -> replayer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,18 +39,6 @@ class Mismatch:
 
   def __str__(self) -> str:
     return f"trace {self.trace_id!r}: {self.what}: {self.detail}"
-
-
-def register_replayer(task: str, fn: Replayer, *, replace: bool = False) -> None:
-  """Registers the reward recomputation of ``task``; refuses silent overrides unless ``replace``."""
-  if task in _REPLAYERS and _REPLAYERS[task] is not fn and not replace:
-    raise ValueError(f"a replayer for task {task!r} is already registered; pass replace=True to "
-                     "override it")
-  _REPLAYERS[task] = fn
-
-
-def registered_tasks() -> list[str]:
-  return sorted(_REPLAYERS)
 
 
 def event_text(event: Mapping[str, Any], content: Mapping[str, str]) -> str | None:
@@ -63,9 +55,7 @@ def replay(trace: Mapping[str, Any], content: Mapping[str, str], *,
   property of the trace); a replayer that raises is reported as a mismatch.
   """
   task = task_name(trace["task_id"])
-  if task not in _REPLAYERS:
-    raise ValueError(f"no replayer registered for task {task!r}; registered: {registered_tasks()} "
-                     "(import the module that registers it)")
+  replayer = REPLAYERS.get(task)
   trace_id = trace["trace_id"]
   mismatches = []
   for event in trace["events"]:
@@ -79,7 +69,7 @@ def replay(trace: Mapping[str, Any], content: Mapping[str, str], *,
       mismatches.append(Mismatch(trace_id, ref, None, None,
                                  f"content of event {event['id']!r} was altered (hash differs)"))
   try:
-    recomputed = {k: float(v) for k, v in _REPLAYERS[task](trace, content).items()}
+    recomputed = {k: float(v) for k, v in replayer(trace, content).items()}
   except Exception as e:  # a replayer failing on a broken trace is a finding, not a crash
     return mismatches + [Mismatch(trace_id, "replayer", None, None,
                                   f"replayer for {task!r} raised {type(e).__name__}: {e}")]

@@ -22,7 +22,6 @@ from marl_jax.algos import critic as critic_lib
 from marl_jax.algos.advantages import AdvantageConfig
 from marl_jax.algos.losses import LossConfig
 from marl_jax.algos.optim import OptimConfig
-from marl_jax.envs import base as envs_base
 from marl_jax.models import config as model_config
 from marl_jax.models.lora import LoraConfig
 from marl_jax.parallel import layouts
@@ -123,10 +122,9 @@ def build(c: ml_collections.ConfigDict) -> Built:
   """Checks a whole config before any compute; raises ValueError naming the field and value."""
   _one_of(c.policy.kind, layouts.LAYOUTS.names(), "policy.kind")
   layout = layouts.of(c.policy)
-  _one_of(c.env.name, envs_base.env_names(), "env.name")
+  _one_of(c.env.name, registry.TASKS.names(), "env.name")
   try:
-    spec = registry.entry(c.env.name, c.env.workflow).workflow(
-        c.env.workflow, c.env.max_turns, c.policy.per_role)
+    spec = registry.workflow_spec(c.env.name, c.env.workflow, c.env.max_turns, c.policy.per_role)
   except ValueError as e:
     raise ValueError(f"config.env: {e}") from None
   _one_of(c.rollout.mode, rollout.MODES, "rollout.mode")

@@ -126,8 +126,8 @@ class Run:
     built = config_lib.build(c)  # every config error surfaces here, before loading anything
     self.c, self.workdir = c, workdir
     self.is_main = jax.process_index() == 0
-    self.spec = registry.entry(c.env.name, c.env.workflow).workflow(
-        c.env.workflow, c.env.max_turns, c.policy.per_role)
+    self.spec = registry.workflow_spec(c.env.name, c.env.workflow, c.env.max_turns,
+                                       c.policy.per_role)
     self.policy, base, self.tokenizers = load_team(c, self.spec, built)
     shape = config_lib.mesh_shape(tuple(c.train.mesh), jax.device_count())
     self.mesh = mesh_lib.make_mesh(*shape)

@@ -29,9 +29,9 @@ from typing import Any
 
 from marl_jax.algos import batch as batch_lib
 from marl_jax.envs import actions as actions_lib
-from marl_jax.envs import base as envs_base
 from marl_jax.sandbox import runner as sandbox
 from marl_jax.traces.recorder import TEAM, TraceRecorder, agent_channel
+from marl_jax.workflows import registry
 from marl_jax.workflows.spec import Cursor, WorkflowSpec, advance, first_cursor
 
 MODES = ("independent", "tree")
@@ -47,7 +47,7 @@ class Problem:
   problem_id: int
 
   def make(self) -> Any:
-    return envs_base.make_env(self.task, **self.kwargs)
+    return registry.make_env(self.task, **self.kwargs)
 
 
 @dataclasses.dataclass(frozen=True)

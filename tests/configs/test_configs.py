@@ -22,9 +22,10 @@ import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
 import toy_task
-from configs import common
-from marl_jax.envs import base as envs_base
-from marl_jax.envs import datasets
+from configs import atgrpo_games, common
+from marl_jax.envs.code import data as code_data
+from marl_jax.envs.search import task as search_task
+from marl_jax.envs.writing import data as writing_data
 from marl_jax.training import config as config_lib
 from marl_jax.training import llm_policy, trainer
 from marl_jax.training.metrics import read_metrics
@@ -40,18 +41,21 @@ def _module(name: str):
 
 # Every option axis of every config file (the first option of an axis is its default).
 AXES = {
-    "atgrpo_math": {"variant": common.ATGRPO_VARIANTS},
-    "atgrpo_code": {"variant": common.ATGRPO_VARIANTS},
+    "atgrpo_math": {"variant": atgrpo_games.TASK_VARIANTS},
+    "atgrpo_code": {"variant": atgrpo_games.TASK_VARIANTS},
     **{name: {"estimator": common.DRMAS_ESTIMATORS, "models": _module(name).MODELS}
        for name in ("drmas_math", "drmas_search")},
     **{name: {"estimator": common.MAGRPO_ESTIMATORS, "models": _module(name).MODELS}
        for name in ("magrpo_tldr", "magrpo_arxiv", "magrpo_humaneval")},
 }
 FILES = tuple(AXES)
+# The AT-GRPO game files share the game table's axis (the plan_path cpu run: tests/training).
+GAME_AXES = {f"atgrpo_{game}": {"variant": atgrpo_games.VARIANTS}
+             for game in ("plan_path", "sokoban", "sudoku")}
 
 
 def _presets():
-  for name, axes in AXES.items():
+  for name, axes in {**AXES, **GAME_AXES}.items():
     for options in itertools.product(*axes.values()):
       for cpu in ((), ("cpu",)):
         yield name, ",".join(options + cpu)
@@ -72,8 +76,7 @@ def test_every_preset_builds(name, preset):
   c = _config(name, preset)
   built = config_lib.build(c)
   assert (built.lora is not None) == (c.policy.kind == "lora")
-  spec = registry.entry(c.env.name, c.env.workflow).workflow(c.env.workflow, c.env.max_turns,
-                                                             c.policy.per_role)
+  spec = registry.workflow_spec(c.env.name, c.env.workflow, c.env.max_turns, c.policy.per_role)
   assert spec.num_policies == (len(spec.agents) if c.policy.per_role else 1)
   if "cpu" in preset.split(","):
     assert c.model == "smollm2-135m-instruct"
@@ -157,6 +160,8 @@ def test_variants(name, preset, want):
     ("drmas_search", "sharded", "unknown option 'sharded'"),
     ("atgrpo_code", "mas_shared,mas_lora", "a second variant"),
     ("magrpo_arxiv", "full,cpu,gpu", "unknown option 'gpu'"),
+    ("atgrpo_sudoku", "mas_shared,single", "a second variant"),
+    ("atgrpo_plan_path", "cpu,gpu", "unknown option 'gpu'"),
 ])
 def test_bad_presets_name_the_options(name, preset, message):
   with pytest.raises(ValueError, match=message):
@@ -211,14 +216,14 @@ def test_generated_problem_kwargs_rebuild_the_envs():
                              ("writing", "magrpo"), ("search", "drmas")):
     for seed in (0, 29, 1_000_001):
       kwargs = registry.problem_kwargs(env_name, workflow, 2, seed, {"path": None})
-      env = envs_base.make_env(env_name, **kwargs)
+      env = registry.make_env(env_name, **kwargs)
       assert not env.done
   search = registry.problem_kwargs("search", "drmas", 3, 29, {})
-  q = registry.SEARCH_WORLD_QUESTIONS
+  q = search_task.WORLD_QUESTIONS
   assert (search["seed"], search["index"], search["max_steps"]) == (29 // q, 29 % q, 3)
   humaneval = registry.problem_kwargs("code", "magrpo", 1, 200, {})
-  assert humaneval["humaneval_index"] == 200 % len(datasets.humaneval())
-  math_env = registry.entry("math", "atgrpo").problem("atgrpo", 4, 7)
+  assert humaneval["humaneval_index"] == 200 % len(code_data.humaneval())
+  math_env = registry.task("math", "atgrpo").problem("atgrpo", 4, 7)
   assert math_env == dict(seed=7, workflow="atgrpo", max_turns=4)
 
 
@@ -227,12 +232,12 @@ def test_local_datasets_map_seeds_to_rows(tmp_path):
                                             for i in range(3)])
   kw = registry.problem_kwargs("math", "drmas", 2, 7, {"path": math_path, "fmt": "plain"})
   assert kw["index"] == 7 % 3 and "seed" not in kw
-  assert envs_base.make_env("math", **kw).problem.question == "What is 1 + 1?"
+  assert registry.make_env("math", **kw).problem.question == "What is 1 + 1?"
 
   docs = _jsonl(tmp_path / "d.jsonl", [{"abstract": f"abstract number {i}"} for i in range(5)])
   kw = registry.problem_kwargs("writing", "magrpo", 1, 13,
                                {"path": docs, "task": "arxiv", "field": None})
-  env = envs_base.make_env("writing", **kw)
+  env = registry.make_env("writing", **kw)
   assert (env.document, env.task) == ("abstract number 3", "arxiv")
 
   code = _jsonl(tmp_path / "c.jsonl", [
@@ -241,7 +246,7 @@ def test_local_datasets_map_seeds_to_rows(tmp_path):
   for workflow in ("atgrpo", "single"):
     kw = registry.problem_kwargs("code", workflow, 2, 5, {"path": code, "fmt": "canonical"})
     assert "stdio_seed" not in kw and "humaneval_index" not in kw
-    assert envs_base.make_env("code", **kw).problem.id == "t1"
+    assert registry.make_env("code", **kw).problem.id == "t1"
 
   corpus = _jsonl(tmp_path / "corpus.jsonl", [{"title": "Zorblat", "text": "Zorblat is blue."},
                                               {"title": "Quim", "text": "Quim is red."}])
@@ -251,7 +256,7 @@ def test_local_datasets_map_seeds_to_rows(tmp_path):
   kw = registry.problem_kwargs("search", "drmas", 4, 3,
                                {"corpus_path": corpus, "questions_path": questions})
   assert kw["index"] == 1 and "seed" not in kw and "num_people" not in kw
-  env = envs_base.make_env("search", **kw)
+  env = registry.make_env("search", **kw)
   assert env.question["answers"] == ["red"] and env.max_steps == 4
 
   # The trainer's problems come from the same mapping: a config pointing at the file trains on
@@ -260,15 +265,15 @@ def test_local_datasets_map_seeds_to_rows(tmp_path):
   c.env.kwargs.path = math_path
   built = trainer.problems(c, 4, 2)
   assert [p.problem_id for p in built] == [0, 1]
-  assert [envs_base.make_env("math", **p.kwargs).problem.question for p in built] == [
+  assert [registry.make_env("math", **p.kwargs).problem.question for p in built] == [
       "What is 1 + 1?", "What is 2 + 1?"]
 
 
 def test_generated_writing_documents_have_the_requested_length():
-  short = envs_base.make_env("writing", seed=3, sentences=2).document
-  assert short == datasets.generated_document(3, 2) and short.count(". ") == 1
+  short = registry.make_env("writing", seed=3, sentences=2).document
+  assert short == writing_data.generated_document(3, 2) and short.count(". ") == 1
   with pytest.raises(ValueError, match="sentences=0; expected an integer >= 1"):
-    envs_base.make_env("writing", seed=3, sentences=0)
+    registry.make_env("writing", seed=3, sentences=0)
 
 
 def test_empty_dataset_is_an_error(tmp_path):

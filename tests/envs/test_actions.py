@@ -7,10 +7,10 @@ import random
 import pytest
 
 from marl_jax.envs import actions
-from marl_jax.envs import base
 from marl_jax.envs.games import plan_path
 from marl_jax.envs.games import sudoku
-from marl_jax.envs.base import FORMAT_PENALTY
+from marl_jax.envs.games.base import FORMAT_PENALTY
+from marl_jax.workflows import registry
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -123,7 +123,7 @@ def test_coercion_rejects_wrong_element_types():
     "", "I think the answer is right.", "#### nothing", "#### [{}]", "####" * 10_000,
     "#### " + "[" * 10_000, "\U0001f600" * 10_000, "#### [[[[1]]]]"])
 def test_malformed_replies_cost_the_format_penalty(name, reply):
-  env = base.make_env(name, seed=1)
+  env = registry.make_env(name, seed=1)
   before = env.game.render()
   tool = env.step("tool", "```python\nprint('hi')\n```", tool_output=reply)
   assert tool.actions is None and tool.rewards == {"tool": FORMAT_PENALTY}
@@ -131,5 +131,5 @@ def test_malformed_replies_cost_the_format_penalty(name, reply):
   assert plan.actions is None
   assert plan.rewards == {"plan": FORMAT_PENALTY, "tool": env.game.format_penalty}
   assert env.game.render() == before and env.game.steps == 0
-  single = base.make_env(name, seed=1, mode="single")
+  single = registry.make_env(name, seed=1, mode="single")
   assert single.step("solver", reply).rewards == {"solver": FORMAT_PENALTY}

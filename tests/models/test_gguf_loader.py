@@ -37,7 +37,7 @@ def smollm():
 
 def test_config_matches_preset(smollm):
   loaded, model = smollm
-  assert loaded.config == PRESETS["smollm2-135m-instruct"]
+  assert loaded.config == PRESETS.get("smollm2-135m-instruct")
   assert model.config.tie_word_embeddings and loaded.config.tie_word_embeddings
 
 
@@ -184,7 +184,7 @@ def write_gguf(path, config, params, arch=None, edit=None):
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
 def test_synthetic_gguf_round_trip(name, tmp_path):
   """llama GGUFs get their q/k rows un-permuted; qwen2/qwen3 ones are stored unpermuted."""
-  config = PRESETS[name]
+  config = PRESETS.get(name)
   params = decoder.init_params(config, jax.random.PRNGKey(0))
   loaded_config, loaded = load_gguf(write_gguf(tmp_path / "m.gguf", config, params))
   assert loaded_config == config
@@ -218,7 +218,7 @@ def test_error_garbage_file(tmp_path):
 
 
 def test_error_unknown_architecture(tmp_path):
-  config = PRESETS["tiny-llama"]
+  config = PRESETS.get("tiny-llama")
   path = write_gguf(tmp_path / "m.gguf", config, decoder.init_params(config, jax.random.PRNGKey(0)),
                     arch="mamba")
   with pytest.raises(WeightsError, match="unknown architecture general.architecture='mamba'"):
@@ -226,7 +226,7 @@ def test_error_unknown_architecture(tmp_path):
 
 
 def test_error_missing_tensor(tmp_path):
-  config = PRESETS["tiny-llama"]
+  config = PRESETS.get("tiny-llama")
   path = write_gguf(tmp_path / "m.gguf", config, decoder.init_params(config, jax.random.PRNGKey(0)),
                     edit=lambda t: t.pop("blk.1.ffn_gate.weight"))
   with pytest.raises(WeightsError, match=r"missing tensor 'blk\.1\.ffn_gate\.weight'"):
@@ -234,7 +234,7 @@ def test_error_missing_tensor(tmp_path):
 
 
 def test_error_shape_mismatch(tmp_path):
-  config = PRESETS["tiny-qwen2"]
+  config = PRESETS.get("tiny-qwen2")
 
   def shrink(tensors):
     tensors["blk.0.attn_v.weight"] = tensors["blk.0.attn_v.weight"][:, :48].copy()
@@ -247,7 +247,7 @@ def test_error_shape_mismatch(tmp_path):
 
 
 def test_error_llama3_rope_factors(tmp_path):
-  config = PRESETS["tiny-llama"]
+  config = PRESETS.get("tiny-llama")
   path = write_gguf(tmp_path / "m.gguf", config, decoder.init_params(config, jax.random.PRNGKey(0)),
                     edit=lambda t: t.update({"rope_freqs.weight": np.ones(8, np.float32)}))
   with pytest.raises(WeightsError, match="rope_freqs.weight"):
@@ -269,7 +269,7 @@ def test_error_bad_names_and_paths(tmp_path):
 
 
 def test_tokenizer_needs_tokenizer_metadata(tmp_path):
-  config = PRESETS["tiny-llama"]
+  config = PRESETS.get("tiny-llama")
   path = write_gguf(tmp_path / "m.gguf", config, decoder.init_params(config, jax.random.PRNGKey(0)))
   with pytest.raises(WeightsError, match="lacks the required key 'tokenizer.ggml"):
     Tokenizer.from_gguf(path)

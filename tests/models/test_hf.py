@@ -19,7 +19,7 @@ from marl_jax.models.hf import WeightsError, config_from_hf, export_hf_dir, load
 
 TINY = ("tiny-llama", "tiny-qwen2", "tiny-qwen3")
 # tiny-llama with Llama-3 rope frequency scaling, to check the rope_scaling export.
-LLAMA3_SCALED = PRESETS["tiny-llama"].replace(
+LLAMA3_SCALED = PRESETS.get("tiny-llama").replace(
     rope_theta=500000.0, rope_scaling_factor=8.0, rope_low_freq_factor=1.0,
     rope_high_freq_factor=4.0, rope_original_max_position=64)
 
@@ -50,7 +50,7 @@ def assert_trees_equal(a, b):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-@pytest.mark.parametrize("config", [PRESETS[n] for n in TINY] + [LLAMA3_SCALED],
+@pytest.mark.parametrize("config", [PRESETS.get(n) for n in TINY] + [LLAMA3_SCALED],
                          ids=[*TINY, "tiny-llama3-rope"])
 def test_export_matches_transformers_logits(config, tmp_path):
   params = random_params(config)
@@ -70,7 +70,7 @@ def test_export_matches_transformers_logits(config, tmp_path):
 
 @pytest.mark.parametrize("name", TINY)
 def test_load_round_trip_is_bitwise(name, tmp_path):
-  config = PRESETS[name]
+  config = PRESETS.get(name)
   params = random_params(config, seed=3)
   export_hf_dir(params, config, str(tmp_path))
   loaded_config, loaded = load_hf_dir(str(tmp_path))
@@ -80,7 +80,7 @@ def test_load_round_trip_is_bitwise(name, tmp_path):
 
 def test_load_sharded_checkpoint_written_by_transformers(tmp_path):
   """transformers writes the shards + index; we must read back exactly what it was given."""
-  config = PRESETS["tiny-qwen2"]
+  config = PRESETS.get("tiny-qwen2")
   params = random_params(config, seed=5)
   export_hf_dir(params, config, str(tmp_path / "single"))
   model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "single"))
@@ -94,7 +94,7 @@ def test_load_sharded_checkpoint_written_by_transformers(tmp_path):
 
 
 def test_bfloat16_load_and_export(tmp_path):
-  config = PRESETS["tiny-llama"]
+  config = PRESETS.get("tiny-llama")
   params = random_params(config)
   export_hf_dir(params, config, str(tmp_path / "f32"))
   loaded_config, loaded = load_hf_dir(str(tmp_path / "f32"), dtype="bfloat16")
@@ -135,7 +135,7 @@ def test_config_from_transformers_v5_dict():
 
 @pytest.fixture()
 def exported(tmp_path):
-  config = PRESETS["tiny-llama"]
+  config = PRESETS.get("tiny-llama")
   export_hf_dir(random_params(config), config, str(tmp_path))
   return tmp_path
 

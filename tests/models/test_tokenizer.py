@@ -144,7 +144,7 @@ def test_unsupported_tokenizers(small_vocab, tmp_path):
 def test_hf_directory_round_trip(tokenizers_pair, tmp_path):
   """Export writes tokenizer files + generation_config.json that transformers and we read back."""
   ours, _ = tokenizers_pair
-  config = PRESETS["tiny-llama"]
+  config = PRESETS.get("tiny-llama")
   export_hf_dir(decoder.init_params(config, jax.random.PRNGKey(0)), config, str(tmp_path),
                 tokenizer=ours)
   generation = json.loads((tmp_path / "generation_config.json").read_text())

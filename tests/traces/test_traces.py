@@ -26,7 +26,7 @@ _REPO = pathlib.Path(__file__).resolve().parents[2]
 
 # The toy task's reward recomputation, as a module so the CLI subprocess can import it too.
 _TOY_MODULE = '''
-from marl_jax.traces.replay import event_text, register_replayer
+from marl_jax.traces.replay import REPLAYERS, event_text
 
 
 def rewards_from_texts(sentence, tool_output):
@@ -42,7 +42,7 @@ def recompute(trace, content):
                             event_text(by_type["tool_result"], content))
 
 
-register_replayer("word_count", recompute, replace=True)
+REPLAYERS.register("word_count", recompute, replace=True)
 '''
 
 _SENTENCES = ["the quick brown fox", "jumps over the lazy dog today", "héllo wörld ✓"]
@@ -261,10 +261,10 @@ def test_replay_detects_tampered_content(trace_file):
 def test_replay_needs_a_registered_task(episodes):
   trace, content = copy.deepcopy(episodes[0])
   trace["task_id"] = "unknown_task/0"
-  with pytest.raises(ValueError, match="no replayer registered for task 'unknown_task'"):
+  with pytest.raises(ValueError, match="unknown replayer 'unknown_task'"):
     replay_lib.replay(trace, content)
   with pytest.raises(ValueError, match="already registered"):
-    replay_lib.register_replayer("word_count", lambda t, c: {})
+    replay_lib.REPLAYERS.register("word_count", lambda t, c: {})
 
 
 def test_stats_match_hand_computation(episodes):

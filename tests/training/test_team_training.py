@@ -37,7 +37,6 @@ from marl_jax.training import config as config_lib
 from marl_jax.training import trainer
 from marl_jax.training.metrics import read_metrics
 from marl_jax.workflows import registry
-from marl_jax.workflows.spec import WorkflowSpec
 
 PAIR = "toy_vowel_pair"
 QWEN_PAD = 0  # '<|endoftext|>'; the SmolLM2 tokenizer itself pads with 2 ('<|im_end|>')
@@ -75,11 +74,10 @@ def make_pair_env(*, seed: int, quiet_below: int = 0) -> VowelPairEnv:
 
 
 def _register_pair() -> None:
-  envs_base._REGISTRY[PAIR] = f"{__name__}:make_pair_env"
-  registry.register_task(PAIR, registry.TaskEntry(
-      ("mas",), lambda v, t, per_role: WorkflowSpec(
-          ("first", "second"), max_turns=1, policy_of={"first": 0, "second": int(per_role)}),
-      lambda v, t, seed: dict(seed=seed)))
+  registry.register(PAIR, envs_base.Task(
+      make_pair_env, {"mas": envs_base.Workflow(("first", "second"), max_turns=1,
+                                                fixed_turns=True)},
+      lambda v, t, seed: dict(seed=seed)), replace=True)
 
 
 def _write_tiny_qwen(path: str, tokenizer_dir: str) -> None:
@@ -282,8 +280,7 @@ def test_drmas_hetero_presets_map_one_model_per_agent(name, cpu):
   module = importlib.import_module(f"configs.{name}")
   c = module.get_config("hetero,cpu" if cpu else "hetero")
   config_lib.build(c)
-  spec = registry.entry(c.env.name, c.env.workflow).workflow(c.env.workflow, c.env.max_turns,
-                                                             c.policy.per_role)
+  spec = registry.workflow_spec(c.env.name, c.env.workflow, c.env.max_turns, c.policy.per_role)
   assert c.policy.kind == "mapped" and len(c.policy.models) == len(spec.agents)
   assert c.policy.models == ((c.model,) * len(spec.agents) if cpu else module.HETERO)
 

@@ -7,10 +7,12 @@ from collections import Counter
 
 import pytest
 
+import scripted
 from marl_jax.envs import base as envs_base
+from marl_jax.envs.games.base import evaluate_actions
 from marl_jax.traces import replay as replay_lib
 from marl_jax.traces import schema
-from marl_jax.workflows import games, replay  # noqa: F401  (registers the game replayers)
+from marl_jax.workflows import registry
 from marl_jax.workflows.rollout import Generation, Problem, RolloutConfig, rollout
 from marl_jax.workflows.spec import WorkflowSpec
 
@@ -28,7 +30,7 @@ def _problems(task, seeds, mode="mas", **extra):
 def test_oracle_solves_every_seed_through_the_two_agent_workflow(task, mode):
   problems = _problems(task, range(100))
   cfg = RolloutConfig(mode=mode, k=2 if mode == "tree" else 1, record_traces=False)
-  result = rollout(problems, games.game_workflow("mas"), games.oracle_generate, None, cfg)
+  result = rollout(problems, registry.workflow_spec(task, "mas"), scripted.oracle_generate, None, cfg)
   assert len(result.episodes) == 100
   assert all(e.solved for e in result.episodes)
   # Every problem's tree groups hold k samples with one shared prompt.
@@ -40,10 +42,10 @@ def test_oracle_solves_every_seed_through_the_two_agent_workflow(task, mode):
 def test_random_policy_scores_low(task):
   problems = _problems(task, range(40))
   cfg = RolloutConfig(mode="independent", k=1, record_traces=False)
-  spec = games.game_workflow("single", max_turns=2)
+  spec = registry.workflow_spec(task, "single", max_turns=2)
   problems = _problems(task, range(40), mode="single", max_turns=2)
-  oracle = rollout(problems, spec, games.oracle_generate, None, cfg)
-  rand = rollout(problems, spec, games.make_random_generate(0, GAME_MOVES[task]), None, cfg)
+  oracle = rollout(problems, spec, scripted.oracle_generate, None, cfg)
+  rand = rollout(problems, spec, scripted.make_random_generate(0, GAME_MOVES[task]), None, cfg)
   solved = sum(e.solved for e in rand.episodes)
   assert all(e.solved for e in oracle.episodes)
   assert solved <= 0.3 * len(problems)
@@ -79,8 +81,9 @@ class _Counter:
 
 
 @pytest.fixture
-def counter_env(monkeypatch):
-  monkeypatch.setitem(envs_base._REGISTRY, "counter", f"{__name__}:_make_counter")
+def counter_env():
+  registry.register("counter", envs_base.Task(_make_counter, {}, lambda v, t, seed: {}),
+                    replace=True)
 
 
 def _make_counter(**kwargs):
@@ -159,8 +162,8 @@ def test_bad_workflow_specs_fail_clearly():
 @pytest.mark.parametrize("mode", ["tree", "independent"])
 def test_traces_validate_and_replay_exactly(mode, tmp_path):
   problems = _problems("plan_path", range(4))
-  rand = games.make_random_generate(1, GAME_MOVES["plan_path"], length=4)
-  result = rollout(problems, games.game_workflow("mas", max_turns=2), rand, None,
+  rand = scripted.make_random_generate(1, GAME_MOVES["plan_path"], length=4)
+  result = rollout(problems, registry.workflow_spec("plan_path", "mas", max_turns=2), rand, None,
                    RolloutConfig(mode=mode, k=2))
   assert len(result.episodes) == (4 if mode == "tree" else 8)
   for episode in result.episodes:
@@ -175,12 +178,12 @@ def test_traces_validate_and_replay_exactly(mode, tmp_path):
 
 def test_tool_and_plan_rewards_follow_the_paper_bookkeeping():
   problems = _problems("plan_path", [3])
-  result = rollout(problems, games.game_workflow("mas"), games.oracle_generate, None,
+  result = rollout(problems, registry.workflow_spec("plan_path", "mas"), scripted.oracle_generate, None,
                    RolloutConfig(mode="independent", k=1, record_traces=False))
   tool, plan = result.samples
   env = problems[0].make()
   moves = env.game.oracle()
-  r_own, _ = envs_base.evaluate_actions(env.game, moves)
+  r_own, _ = evaluate_actions(env.game, moves)
   r_shared = env.game.clone().step(moves).reward
   assert tool.reward == pytest.approx(r_own + r_shared)
   assert plan.reward == pytest.approx(2 * r_shared)

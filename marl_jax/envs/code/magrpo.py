@@ -39,7 +39,6 @@ from marl_jax.envs.base import Observation, StepResult
 from marl_jax.envs.code.env import CodeProblem, problem_imports, reply_code
 
 AUX = "aux"
-MAX_REWARD = 4.0
 
 AUX_SYSTEM = (
     "You are agent 1 of a two-agent coding team. Write ONLY a helper function named `aux` that "

@@ -21,7 +21,9 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from marl_jax.envs import base
+from marl_jax.envs.base import check_seed
+from marl_jax.envs.games.base import Game
+from marl_jax.envs.games.env import GameEnv
 
 MOVES = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
 ALIASES = {"UP": "U", "DOWN": "D", "LEFT": "L", "RIGHT": "R"}
@@ -71,7 +73,7 @@ def shortest_moves(rows: Sequence[str], start: Cell, goal: Cell) -> list[str] | 
   return None
 
 
-class PlanPath(base.Game):
+class PlanPath(Game):
   """One grid instance. `rows` use '.' free and '#' blocked; cells are (row, col), 0-based."""
 
   name = "plan_path"
@@ -156,7 +158,7 @@ class PlanPath(base.Game):
 def generate(seed: int, *, height: int = 10, width: int = 10, block_ratio: float = 0.22,
              max_steps: int = 200, rewards: PlanPathRewards = PlanPathRewards()) -> PlanPath:
   """The instance of `seed` (same seed and sizes -> same instance)."""
-  rng = random.Random(base.check_seed(seed))
+  rng = random.Random(check_seed(seed))
   if height < 1 or width < 1:
     raise ValueError(f"grid size must be positive, got {height}x{width}")
   if not 0.0 <= block_ratio < 1.0:
@@ -176,6 +178,6 @@ def generate(seed: int, *, height: int = 10, width: int = 10, block_ratio: float
                      f"(block_ratio {block_ratio} too high?)")
 
 
-def make_env(*, seed: int, mode: str = "mas", max_turns: int = 4, **config: Any) -> base.GameEnv:
+def make_env(*, seed: int, mode: str = "mas", max_turns: int = 4, **config: Any) -> GameEnv:
   """Registry factory: `config` goes to `generate` (height, width, block_ratio, ...)."""
-  return base.GameEnv(generate(seed, **config), mode=mode, max_turns=max_turns)
+  return GameEnv(generate(seed, **config), mode=mode, max_turns=max_turns)

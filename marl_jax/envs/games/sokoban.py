@@ -28,7 +28,9 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from marl_jax.envs import base
+from marl_jax.envs.base import check_seed
+from marl_jax.envs.games.base import Game
+from marl_jax.envs.games.env import GameEnv
 from marl_jax.envs.games.plan_path import MOVES, coerce_moves
 
 Cell = tuple[int, int]
@@ -116,7 +118,7 @@ def render_rows(height: int, width: int, floor: frozenset[Cell], targets: frozen
   return rows
 
 
-class Sokoban(base.Game):
+class Sokoban(Game):
   """One room, given as rows of the render symbols (' ' is accepted for floor). Cells outside
   the rows are walls."""
 
@@ -257,7 +259,7 @@ def generate(seed: int, *, height: int = 6, width: int = 6, num_boxes: int = 1,
              num_steps: int = 25, p_change: float = 0.35, search_depth: int = 200,
              min_box_distance: int = 2, max_steps: int = 200, rewards: SokobanRewards = SokobanRewards()) -> Sokoban:
   """The room of `seed` (same seed and sizes -> same room); solvable by construction."""
-  rng = random.Random(base.check_seed(seed))
+  rng = random.Random(check_seed(seed))
   if height < 3 or width < 3 or num_boxes < 1:
     raise ValueError(f"need a room of at least 3x3 and >= 1 box, got {height}x{width}, "
                      f"{num_boxes} boxes")
@@ -276,6 +278,6 @@ def generate(seed: int, *, height: int = 6, width: int = 6, num_boxes: int = 1,
                      f"({height}x{width}, {num_boxes} boxes, {num_steps} walk steps)")
 
 
-def make_env(*, seed: int, mode: str = "mas", max_turns: int = 4, **config: Any) -> base.GameEnv:
+def make_env(*, seed: int, mode: str = "mas", max_turns: int = 4, **config: Any) -> GameEnv:
   """Registry factory: `config` goes to `generate` (height, width, num_boxes, ...)."""
-  return base.GameEnv(generate(seed, **config), mode=mode, max_turns=max_turns)
+  return GameEnv(generate(seed, **config), mode=mode, max_turns=max_turns)

@@ -28,7 +28,9 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from marl_jax.envs import base
+from marl_jax.envs.base import check_seed
+from marl_jax.envs.games.base import Game
+from marl_jax.envs.games.env import GameEnv
 
 SIZES = (4, 9)
 
@@ -116,7 +118,7 @@ def _is_int(x: Any) -> bool:
   return isinstance(x, int) and not isinstance(x, bool)
 
 
-class Sudoku(base.Game):
+class Sudoku(Game):
   """One puzzle: `puzzle` is size rows of size ints, 0 = empty; it must have exactly one solution."""
 
   name = "sudoku"
@@ -218,7 +220,7 @@ class Sudoku(base.Game):
 def generate(seed: int, *, size: int = 4, max_blanks: int | None = None,
              max_steps: int | None = None, rewards: SudokuRewards = SudokuRewards()) -> Sudoku:
   """The puzzle of `seed` (same seed and size -> same puzzle), with a unique solution."""
-  rng = random.Random(base.check_seed(seed))
+  rng = random.Random(check_seed(seed))
   if size not in SIZES:
     raise ValueError(f"size must be one of {SIZES}, got {size}")
   puzzle = list(solve([0] * size * size, size, limit=1, rng=rng)[0])
@@ -237,6 +239,6 @@ def generate(seed: int, *, size: int = 4, max_blanks: int | None = None,
   return Sudoku(rows, max_steps=max_steps, rewards=rewards)
 
 
-def make_env(*, seed: int, mode: str = "mas", max_turns: int = 4, **config: Any) -> base.GameEnv:
+def make_env(*, seed: int, mode: str = "mas", max_turns: int = 4, **config: Any) -> GameEnv:
   """Registry factory: `config` goes to `generate` (size, max_blanks, ...)."""
-  return base.GameEnv(generate(seed, **config), mode=mode, max_turns=max_turns)
+  return GameEnv(generate(seed, **config), mode=mode, max_turns=max_turns)

@@ -1,8 +1,8 @@
 """Math environments of AT-GRPO, Dr. MAS and MARFT (PAPERS.md sections 1, 2, 4), one problem each.
 
 All share a problem {"question", "answer"} and `math_answers.is_equiv`; rewards are additive
-agent-keyed contributions (base.py); the team reward the engine attaches when an episode ends is
-`solved` (1/0), which the estimators mix in as `alpha * team + local`.
+agent-keyed contributions (envs/base.py); the team reward the engine attaches when an episode ends
+is `solved` (1/0), which the estimators mix in as `alpha * team + local`.
 
 'atgrpo'  each turn a tool agent writes a Python program (the workflow runs it in the sandbox and
           passes its stdout; its answer is the last printed line), then a reasoner answers in
@@ -28,13 +28,10 @@ import dataclasses
 import re
 from typing import Any
 
-from marl_jax.envs import datasets
 from marl_jax.envs.math import answers as math_answers
 from marl_jax.envs.actions import extract_code
-from marl_jax.envs.base import Observation, StepResult
-from marl_jax.envs.prompts import truncate
+from marl_jax.envs.base import Observation, StepResult, truncate
 
-WORKFLOWS = ("atgrpo", "drmas", "marft", "single")
 INCORRECT = "The answer is incorrect."
 _MAX_SHOWN = 3000
 _VERIFY = re.compile(r"<verify>\s*(approve|reject)\s*</verify>", re.IGNORECASE)
@@ -276,39 +273,3 @@ class SingleMathEnv(_MathEnv):
     self.turn = 1
     return StepResult(agent, None, {agent: float(self.final_correct)}, True,
                       {"answer": answer, "solved": self.solved, "format_error": answer is None})
-
-
-def load_problem(problem: dict[str, Any] | None = None, *, path: str | None = None,
-                 fmt: str = "auto", index: int | None = None,
-                 seed: int | None = None) -> MathProblem:
-  """Exactly one source: a {"question", "answer"} dict, a file row (path, fmt, index) or a
-  generated arithmetic word problem (seed)."""
-  if sum(x is not None for x in (problem, path, seed)) != 1:
-    raise ValueError("give exactly one of problem=, path= (+ index=), seed=")
-  if path is not None:
-    if index is None:
-      raise ValueError(f"path={path!r} needs index=")
-    problem = datasets.load_math(path, fmt)[index]
-  elif seed is not None:
-    problem = datasets.arithmetic_problem(seed)
-  if not isinstance(problem.get("question"), str) or problem.get("answer") is None:
-    raise ValueError(f"a math problem needs 'question' (str) and 'answer'; got keys "
-                     f"{sorted(problem)}")
-  return MathProblem(problem["question"], str(problem["answer"]))
-
-
-def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,
-             roles: list[str] | tuple[str, ...] = ("reasoner", "actor"),
-             format_penalty: float = 0.1, **source: Any) -> _MathEnv:
-  """Registry factory, e.g. make_env("math", problem={...}, workflow="drmas"). `max_turns` is the
-  turn cap (atgrpo, default 4), loop cap (drmas, default 2) or step cap (marft, default 3)."""
-  problem = load_problem(**source)
-  if workflow == "atgrpo":
-    return ATGRPOMathEnv(problem, max_turns or 4)
-  if workflow == "drmas":
-    return DrMASMathEnv(problem, max_turns or 2, format_penalty)
-  if workflow == "marft":
-    return MARFTMathEnv(problem, tuple(roles), max_turns or 3)
-  if workflow == "single":
-    return SingleMathEnv(problem)
-  raise ValueError(f"unknown math workflow {workflow!r}; expected one of {WORKFLOWS}")

@@ -12,24 +12,19 @@ and articles removed, whitespace collapsed), is the team reward (`solved`), mixe
 
 A seeded multi-hop world (people, cities, countries, companies; names are invented, so only the
 corpus knows them) gives a corpus and 1- to 3-hop questions for tests and CPU presets; real data
-loads from local JSONL (datasets.search_corpus / search_questions).
+loads from local JSONL (search/data.py); search/task.py builds the env.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
-import random
 import re
 import string
 from typing import Any
 
 import bm25s
-import numpy as np
 
-from marl_jax.envs import datasets
-from marl_jax.envs.base import Observation, StepResult
-from marl_jax.envs.prompts import truncate
+from marl_jax.envs.base import Observation, StepResult, truncate
 
 AGENTS = ("verifier", "search", "answer")
 TOP_K = 3
@@ -98,79 +93,6 @@ class Retriever:
       return []
     ids, scores = self.index.retrieve(tokens, k=min(k, len(self.passages)), show_progress=False)
     return [self.passages[int(i)] for i, s in zip(ids[0], scores[0]) if s > 0]
-
-
-# ------------------------------------------------------------------------ generated multi-hop world
-
-_SYLLABLES = ("ka", "lo", "ve", "ri", "zan", "tor", "mel", "qui", "dra", "sen", "bo", "fu", "nix",
-              "pel", "gar", "wyn", "tha", "jor", "lis", "mek", "ost", "rua", "vex", "yol")
-_PROFESSIONS = ("painter", "engineer", "chemist", "novelist", "architect", "violinist", "chef")
-
-
-def _names(rng: random.Random, count: int, parts: int, used: set[str]) -> list[str]:
-  out = []
-  while len(out) < count:
-    word = " ".join("".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 3))).capitalize()
-                    for _ in range(parts))
-    if word.lower() not in used:
-      used.add(word.lower())
-      out.append(word)
-  return out
-
-
-@functools.lru_cache(maxsize=8)
-def generate_world(seed: int, num_people: int = 24) -> tuple[tuple[dict, ...], tuple[dict, ...]]:
-  """(corpus, questions) of a seeded invented world. Questions carry `hops`: the query that finds
-  each needed passage and the entity it yields (scripted policies and tests use them)."""
-  rng = random.Random(seed)
-  used: set[str] = set()
-  countries = _names(rng, 5, 1, used)
-  cities = _names(rng, 10, 1, used)
-  companies = [f"{n} Works" for n in _names(rng, 8, 1, used)]
-  people = _names(rng, num_people, 2, used)
-  country_of = {c: rng.choice(countries) for c in cities}
-  hq_of = {c: rng.choice(cities) for c in companies}
-  corpus = []
-  for country in countries:
-    capital = next((c for c in cities if country_of[c] == country), rng.choice(cities))
-    corpus.append({"title": country, "text": f"{country} is a country; its best known city is "
-                                             f"{capital}."})
-  for city in cities:
-    corpus.append({"title": city, "text": f"{city} is a city located in the country of "
-                                          f"{country_of[city]}."})
-  for company in companies:
-    corpus.append({"title": company, "text": f"{company} is a company headquartered in the city "
-                                             f"of {hq_of[company]}."})
-  questions = []
-  for person in people:
-    city, company = rng.choice(cities), rng.choice(companies)
-    corpus.append({"title": person, "text": f"{person} is a {rng.choice(_PROFESSIONS)} born in "
-                                            f"{city} who works for {company}."})
-    born = {"query": f"{person} born", "entity": city}
-    works = {"query": f"{person} works for company", "entity": company}
-    options = [
-        (f"In which city was {person} born?", [born]),
-        (f"In which country was {person} born?",
-         [born, {"query": f"{city} city country", "entity": country_of[city]}]),
-        (f"In which city is the company that {person} works for headquartered?",
-         [works, {"query": f"{company} headquartered city", "entity": hq_of[company]}]),
-        (f"In which country is the headquarters of the company {person} works for?",
-         [works, {"query": f"{company} headquartered city", "entity": hq_of[company]},
-          {"query": f"{hq_of[company]} city country", "entity": country_of[hq_of[company]]}]),
-    ]
-    text, hops = options[rng.randrange(len(options))]
-    questions.append({"question": text, "answers": [hops[-1]["entity"]], "hops": hops})
-  order = np.random.default_rng(seed).permutation(len(corpus))
-  corpus = [dict(corpus[i], id=str(n)) for n, i in enumerate(order)]
-  return tuple(corpus), tuple(questions)
-
-
-@functools.lru_cache(maxsize=8)
-def _retriever(source: tuple[str, Any]) -> Retriever:
-  kind, key = source
-  if kind == "generated":
-    return Retriever(list(generate_world(*key)[0]))
-  return Retriever(datasets.search_corpus(key))
 
 
 class SearchEnv:
@@ -248,25 +170,3 @@ class SearchEnv:
   def _check(self, agent: str) -> None:
     if agent not in self.agents:
       raise ValueError(f"unknown agent {agent!r}; expected one of {self.agents}")
-
-
-def make_env(*, index: int | None = None, seed: int | None = None, num_people: int = 24,
-             corpus_path: str | None = None, questions_path: str | None = None,
-             question: dict[str, Any] | None = None, max_steps: int = 4,
-             format_penalty: float = FORMAT_PENALTY) -> SearchEnv:
-  """Registry factory. Generated world: make_env("search", seed=0, index=3). Local data:
-  corpus_path= plus questions_path= and index=, or an inline question= dict."""
-  if (seed is None) == (corpus_path is None):
-    raise ValueError("give exactly one corpus: seed= (generated world) or corpus_path=")
-  if seed is not None:
-    source: tuple[str, Any] = ("generated", (seed, num_people))
-    pool = list(generate_world(seed, num_people)[1])
-  else:
-    source = ("path", str(corpus_path))
-    pool = datasets.search_questions(questions_path) if questions_path else []
-  if question is None:
-    if index is None or not pool:
-      raise ValueError("give question= or index= (with seed= or questions_path=)")
-    question = pool[index]
-  return SearchEnv(question, _retriever(source), max_steps=max_steps,
-                   format_penalty=format_penalty)

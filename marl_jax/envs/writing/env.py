@@ -25,7 +25,6 @@ import copy
 import dataclasses
 import re
 
-from marl_jax.envs import datasets
 from marl_jax.envs.base import Observation, StepResult
 
 _WORD = re.compile(r"\b\w+\b")
@@ -210,23 +209,3 @@ class WritingEnv:
   def _check(self, agent: str) -> None:
     if agent not in self.agents:
       raise ValueError(f"unknown agent {agent!r}; expected one of {self.agents}")
-
-
-def make_env(*, task: str = "tldr", document: str | None = None, path: str | None = None,
-             index: int | None = None, field: str | None = None,
-             seed: int | None = None, sentences: int = 8) -> WritingEnv:
-  """Registry factory: a document given inline, a file row (path, index) or a generated filler
-  document (seed, `sentences` long), e.g. make_env("writing", task="arxiv",
-  path="abstracts.jsonl", index=4)."""
-  if sum(x is not None for x in (document, path, seed)) != 1:
-    raise ValueError("give exactly one of document=, path= (+ index=), seed=")
-  if not isinstance(sentences, int) or sentences < 1:
-    raise ValueError(f"sentences={sentences!r}; expected an integer >= 1")
-  if path is not None:
-    if index is None:
-      raise ValueError(f"path={path!r} needs index=")
-    document = datasets.load_documents(path, field)[index]
-  elif seed is not None:
-    document = datasets.generated_document(seed, sentences)
-  return WritingEnv(document, task)
-

@@ -14,20 +14,18 @@ import time
 
 import pytest
 
-from marl_jax.envs import base
 from marl_jax.envs.code import env as code
 from marl_jax.envs.code import harness as code_harness
 from marl_jax.envs.code import magrpo as code_magrpo
-from marl_jax.envs import datasets
+from marl_jax.envs.code import data as code_data
 from marl_jax.sandbox import runner as sandbox
 from marl_jax.envs.code.env import CodeEnv, CodeProblem
-from marl_jax.workflows import replay
+from marl_jax.workflows import registry, replay
 from marl_jax.workflows import rollout as R
-from marl_jax.workflows import tasks
 
 FAST = code_harness.ExecLimits(case_timeout_s=0.5, load_timeout_s=1.0, total_timeout_s=4.0,
                                memory_mb=256)
-HUMANEVAL = datasets.humaneval()
+HUMANEVAL = code_data.humaneval()
 
 
 def _fenced(code: str) -> str:
@@ -48,7 +46,7 @@ def test_humaneval_ships_164_problems():
 def test_humaneval_canonical_solutions_pass_and_wrong_ones_do_not():
   for i in _humaneval_ids():
     problem = HUMANEVAL[i]
-    env = base.make_env("code", humaneval_index=i, workflow="single")
+    env = registry.make_env("code", humaneval_index=i, workflow="single")
     result = env.step("coder", _fenced(problem["solution"]))
     assert result.rewards == {"coder": 1.0}, problem["id"]
     assert env.solved and result.done
@@ -108,7 +106,7 @@ def test_magrpo_env_through_rollout_on_humaneval():
       assert r.agent == "aux" or "def aux(x)" not in r.messages[1]["content"]
     return [R.Generation(replies[r.agent]) for r in requests]
 
-  spec = tasks.code_workflow("magrpo", per_role=True)
+  spec = registry.workflow_spec("code", "magrpo", per_role=True)
   res = R.rollout([R.Problem("code", {"humaneval_index": 2, "workflow": "magrpo"}, 0)], spec,
                   generate, None, R.RolloutConfig(k=2, trace_clock="logical"))
   # aux defined 0.4 + main 0.6 + parses 0.5 + all tests 1.0; main does not call aux: no bonus.
@@ -117,7 +115,7 @@ def test_magrpo_env_through_rollout_on_humaneval():
   episode = res.episodes[0]
   assert episode.solved
   assert replay.recompute_rewards(episode.trace, episode.content) == episode.rewards
-  env = base.make_env("code", humaneval_index=2, workflow="magrpo")
+  env = registry.make_env("code", humaneval_index=2, workflow="magrpo")
   assert problem["prompt"] in env.observe("main").user
 
 
@@ -137,7 +135,7 @@ def test_atgrpo_code_coder_tester_loop():
     return [R.Generation(replies[r.agent].pop(0)) for r in requests]
 
   res = R.rollout([R.Problem("code", {"problem": ADD, "workflow": "atgrpo"}, 0)],
-                  tasks.code_workflow("atgrpo"), generate, None,
+                  registry.workflow_spec("code", "atgrpo"), generate, None,
                   R.RolloutConfig(k=1, trace_clock="logical"))
   # turn 0: wrong code fails the gt tests (0) and the tester's tests (0 + 0); turn 1: right code
   # passes both: coder 1, tester 1 + 1; the generated tests pass, so the episode ends.
@@ -151,7 +149,7 @@ def test_atgrpo_code_coder_tester_loop():
 
 def test_atgrpo_code_function_style_tests():
   problem = HUMANEVAL[0]
-  env = base.make_env("code", humaneval_index=0)
+  env = registry.make_env("code", humaneval_index=0)
   assert env.step("coder", _fenced(problem["solution"])).rewards == {"coder": 1.0}
   tests = _fenced("assert has_close_elements([1.0, 2.0], 0.5) == False\n"
                   "assert has_close_elements([1.0, 1.1], 0.5) == True\n"
@@ -184,13 +182,13 @@ def test_loaders_and_generated_stdio(tmp_path):
   apps.write_text(json.dumps({"problem_id": 1, "question": "Echo.", "input_output": json.dumps(
       {"inputs": ["hi\n"], "outputs": ["hi\n"]}), "solutions": json.dumps(["print(input())"])}))
   for path, fmt in ((mbpp, "mbpp"), (apps, "apps")):
-    row = datasets.load_code(str(path), fmt)[0]
-    env = base.make_env("code", path=str(path), fmt=fmt, index=0, workflow="single")
+    row = code_data.load_code(str(path), fmt)[0]
+    env = registry.make_env("code", path=str(path), fmt=fmt, index=0, workflow="single")
     assert env.step("coder", _fenced(row["solution"])).rewards == {"coder": 1.0}
   for seed in range(5):
-    row = datasets.stdio_problem(seed)
-    assert row == datasets.stdio_problem(seed)
-    env = base.make_env("code", stdio_seed=seed, workflow="single")
+    row = code_data.stdio_problem(seed)
+    assert row == code_data.stdio_problem(seed)
+    env = registry.make_env("code", stdio_seed=seed, workflow="single")
     assert env.step("coder", _fenced(row["solution"])).rewards == {"coder": 1.0}
 
 

@@ -10,11 +10,13 @@ import random
 import numpy as np
 import pytest
 
-from marl_jax.envs import base
 from marl_jax.envs.games import plan_path
 from marl_jax.envs.games import sokoban
 from marl_jax.envs.games import sudoku
-from marl_jax.envs.base import FORMAT_PENALTY
+from marl_jax.envs.games import base
+from marl_jax.envs.games.base import FORMAT_PENALTY
+from marl_jax.envs.games.env import GameEnv
+from marl_jax.workflows import registry
 
 N_SEEDS = 1000
 GAMES = {"plan_path": plan_path, "sokoban": sokoban, "sudoku": sudoku}
@@ -201,9 +203,9 @@ def test_configured_sizes():
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: base.make_env("chess", seed=0), "unknown environment 'chess'"),
-    (lambda: base.make_env("sudoku", seed=-1), "non-negative"),
-    (lambda: base.make_env("sudoku", seed=0, mode="duo"), "unknown mode"),
+    (lambda: registry.make_env("chess", seed=0), "unknown environment 'chess'"),
+    (lambda: registry.make_env("sudoku", seed=-1), "non-negative"),
+    (lambda: registry.make_env("sudoku", seed=0, mode="duo"), "unknown mode"),
     (lambda: sudoku.generate(0, size=16), "size must be one of"),
     (lambda: sudoku.Sudoku([[0] * 4] * 4), ">= 2 solutions"),
     (lambda: plan_path.PlanPath(["..#", "..#", "##."], (0, 0), (2, 2)), "unreachable"),
@@ -293,7 +295,7 @@ def test_oracle_solves_every_seed(name):
 @pytest.mark.parametrize("mode", ["mas", "single"])
 def test_scripted_oracle_through_env(name, mode):
   for seed in range(100):
-    env = base.make_env(name, seed=seed, mode=mode)
+    env = registry.make_env(name, seed=seed, mode=mode)
     answer = "Reasoning...\n#### " + env.game.format_actions(env.game.oracle())
     if mode == "mas":
       code = "```python\nprint('**Actions List**:', moves)\n```"
@@ -314,7 +316,7 @@ def test_random_policy_scores_low(name):
   rng = random.Random(0)
   solved, random_total, oracle_total = 0, 0.0, 0.0
   for seed in range(100):
-    env = base.make_env(name, seed=seed, mode="single")
+    env = registry.make_env(name, seed=seed, mode="single")
     oracle_game = env.game.clone()
     oracle_total += oracle_game.step(oracle_game.oracle()).reward
     while not env.done:
@@ -336,34 +338,34 @@ def test_clone_is_independent(name):
   assert clone.solved and not game.solved and game.render() == before and game.steps == 0
   game.step(game.oracle()[:1])
   assert game.steps == 1 and clone.render() != game.render()
-  env = base.make_env(name, seed=5)
+  env = registry.make_env(name, seed=5)
   env.step("tool", "", tool_output="**Actions List**: []")
   branch = env.clone()
   branch.step("plan", "#### " + env.game.format_actions(env.game.oracle()))
   assert branch.solved and branch.turn == 1 and len(branch.history) == 1
   assert not env.solved and env.turn == 0 and env.history == () and env.tool_record is not None
-  assert env.game.render() == base.make_env(name, seed=5).game.render()
+  assert env.game.render() == registry.make_env(name, seed=5).game.render()
 
 
 # ---------------------------------------------------------------- agent-keyed bookkeeping
 
 def test_two_agent_rewards_by_hand():
-  env = base.GameEnv(plan_path.PlanPath(["...", ".#.", "..."], (0, 0), (2, 2)), max_turns=2)
+  env = GameEnv(plan_path.PlanPath(["...", ".#.", "..."], (0, 0), (2, 2)), max_turns=2)
   tool = env.step("tool", "```python\nprint(1)\n```", tool_output='**Actions List**: ["R", "R"]')
   assert tool.rewards == {"tool": pytest.approx(2.03)} and env.game.pos == (0, 0)
   plan = env.step("plan", '#### ["R", "R", "D", "D"]')
   assert plan.rewards == {"plan": pytest.approx(11.04), "tool": pytest.approx(5.52)}
   assert plan.done and env.solved
-  assert base.tool_reward(("R", "R"), 2.03, 5.52) == pytest.approx(7.55)
+  assert base.own_term(("R", "R"), 2.03) + 5.52 == pytest.approx(7.55)  # tool: own + shared
   assert base.plan_reward(("R",), 5.52) == pytest.approx(11.04)
-  assert base.tool_reward((), 0.0, 1.0) == FORMAT_PENALTY + 1.0
+  assert base.own_term((), 0.0) + 1.0 == FORMAT_PENALTY + 1.0
   assert base.plan_reward(None, -1.0) == FORMAT_PENALTY
   reward, branch = base.evaluate_actions(env.game, ("L",))
   assert reward == 0.0 and branch is not env.game and branch.steps == 4  # done: no move
 
 
 def test_empty_actions_and_turn_limit():
-  env = base.make_env("plan_path", seed=0, max_turns=2)
+  env = registry.make_env("plan_path", seed=0, max_turns=2)
   res = env.step("tool", "no code", tool_output="**Actions List**: []")
   assert res.actions == () and res.rewards == {"tool": FORMAT_PENALTY}
   res = env.step("plan", "#### []")
@@ -374,14 +376,14 @@ def test_empty_actions_and_turn_limit():
   with pytest.raises(ValueError, match="finished episode"):
     env.step("plan", "#### []")
   with pytest.raises(ValueError, match="unknown agent 'solver'"):
-    base.make_env("sudoku", seed=0).step("solver", "")
+    registry.make_env("sudoku", seed=0).step("solver", "")
   with pytest.raises(ValueError, match="tool_output"):
-    base.make_env("sudoku", seed=0).step("tool", "```python\n```")
+    registry.make_env("sudoku", seed=0).step("tool", "```python\n```")
 
 
 @pytest.mark.parametrize("name", list(GAMES))
 def test_prompts_are_compact_and_complete(name):
-  env = base.make_env(name, seed=2)
+  env = registry.make_env(name, seed=2)
   obs = env.observe("tool")
   assert env.game.render() in obs.user and "**Actions List**" in obs.system
   assert obs.messages()[0]["role"] == "system" and obs.turn == 0
@@ -390,6 +392,6 @@ def test_prompts_are_compact_and_complete(name):
   env.step("tool", "```python\n" + flood + "\n```", tool_output=flood)
   plan = env.observe("plan")
   assert "####" in plan.system and "Parsed actions: none" in plan.user and len(plan.user) < 10_000
-  single = base.make_env(name, seed=2, mode="single").observe("solver")
+  single = registry.make_env(name, seed=2, mode="single").observe("solver")
   assert "####" in single.system and env.game.rules() in single.user
   assert env.game.render().count("\n") >= 3  # one line per grid row

@@ -14,13 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from marl_jax.envs import base
-from marl_jax.envs import datasets
 from marl_jax.envs.math import answers as math_answers
+from marl_jax.envs.math import data as math_data
 from marl_jax.sandbox import runner as sandbox
-from marl_jax.workflows import replay
+from marl_jax.workflows import registry, replay
 from marl_jax.workflows import rollout as R
-from marl_jax.workflows import tasks
 
 # (prediction, gold, equivalent?) labelled by hand.
 CASES = [
@@ -94,14 +92,14 @@ def test_arithmetic_generator_is_seeded_and_exact():
   kinds = set()
   keywords = ("buys", "reads", "keeps", "spends", "mixes")
   for seed in range(300):
-    problem = datasets.arithmetic_problem(seed)
-    assert problem == datasets.arithmetic_problem(seed)
+    problem = math_data.arithmetic_problem(seed)
+    assert problem == math_data.arithmetic_problem(seed)
     expected = _rederive(problem["question"])
     assert fractions.Fraction(problem["answer"]) == expected
     assert expected >= 0
     kinds |= {k for k in keywords if k in problem["question"]}
   assert kinds == set(keywords)
-  assert datasets.arithmetic_problem(1) != datasets.arithmetic_problem(2)
+  assert math_data.arithmetic_problem(1) != math_data.arithmetic_problem(2)
 
 
 def test_loaders(tmp_path):
@@ -111,15 +109,15 @@ def test_loaders(tmp_path):
   math_file.write_text(json.dumps({"problem": "q2", "solution": "so \\boxed{\\frac{1}{2}}."}))
   aime = tmp_path / "aime.parquet"
   pq.write_table(pa.Table.from_pylist([{"problem": "q3", "answer": 204}]), aime)
-  assert datasets.load_math(str(gsm)) == [{"question": "q1", "answer": "1234"}]
-  assert datasets.load_math(str(math_file)) == [{"question": "q2", "answer": "\\frac{1}{2}"}]
-  assert datasets.load_math(str(aime), "plain") == [{"question": "q3", "answer": "204"}]
-  env = base.make_env("math", path=str(math_file), index=0, workflow="single")
+  assert math_data.load_math(str(gsm)) == [{"question": "q1", "answer": "1234"}]
+  assert math_data.load_math(str(math_file)) == [{"question": "q2", "answer": "\\frac{1}{2}"}]
+  assert math_data.load_math(str(aime), "plain") == [{"question": "q3", "answer": "204"}]
+  env = registry.make_env("math", path=str(math_file), index=0, workflow="single")
   assert env.step("solver", "\\boxed{0.5}").rewards == {"solver": 1.0}
   with pytest.raises(ValueError, match="exactly one"):
-    base.make_env("math", seed=1, problem={"question": "q", "answer": "1"})
+    registry.make_env("math", seed=1, problem={"question": "q", "answer": "1"})
   with pytest.raises(ValueError, match="unknown math workflow"):
-    base.make_env("math", seed=1, workflow="debate")
+    registry.make_env("math", seed=1, workflow="debate")
 
 
 def _scripted(replies):
@@ -142,7 +140,7 @@ def test_atgrpo_math_turns_rewards_and_replay():
                             "Fraction as F\nprint(F(3, 4) + F(1, 4) + 5)\n```"],
                    "reasoner": ["It is \\boxed{6}.", "Both say \\boxed{6.0}."]})
   problem = R.Problem("math", {"problem": PROBLEM, "workflow": "atgrpo"}, 0)
-  res = R.rollout([problem], tasks.math_workflow("atgrpo"), gen, None,
+  res = R.rollout([problem], registry.workflow_spec("math", "atgrpo"), gen, None,
                   R.RolloutConfig(k=1, tool_timeout_s=5.0, trace_clock="logical"))
   got = [(s.agent, s.turn, s.reward, s.team_reward) for s in res.samples]
   # turn 0: tool wrong (5), reasoner right (6): they disagree, so a second turn; turn 1: agree.
@@ -157,16 +155,16 @@ def test_drmas_math_loop_penalties_and_last_loop_without_verifier():
   gen = _scripted({"solver": ["The answer is 5", "\\boxed{6}"],
                    "verifier": ["Looks wrong. <verify>reject</verify>"]})
   problem = R.Problem("math", {"problem": PROBLEM, "workflow": "drmas"}, 0)
-  res = R.rollout([problem], tasks.math_workflow("drmas"), gen, None, R.RolloutConfig(k=1))
+  res = R.rollout([problem], registry.workflow_spec("math", "drmas"), gen, None, R.RolloutConfig(k=1))
   got = [(s.agent, s.turn, s.reward, s.team_reward) for s in res.samples]
   # no \boxed on the first solver call: -0.1; the verifier is skipped on the 2nd (last) loop.
   assert got == [("solver", 0, -0.1, 1.0), ("verifier", 0, 0.0, 1.0), ("solver", 1, 0.0, 1.0)]
-  env = base.make_env("math", problem=PROBLEM, workflow="drmas")
+  env = registry.make_env("math", problem=PROBLEM, workflow="drmas")
   env.step("solver", "\\boxed{7}")
   result = env.step("verifier", "fine <verify>approve</verify>")
-  assert result.done and not env.solved and tasks.math_workflow("drmas").exit_when(
+  assert result.done and not env.solved and registry.workflow_spec("math", "drmas").exit_when(
       "fine <verify>approve</verify>")
-  env = base.make_env("math", problem=PROBLEM, workflow="drmas")
+  env = registry.make_env("math", problem=PROBLEM, workflow="drmas")
   env.step("solver", "\\boxed{6}")
   assert env.step("verifier", "no tag").rewards == {"verifier": -0.1}
   assert "rejected" in env.observe("solver").user
@@ -176,14 +174,14 @@ def test_marft_chain_feedback_and_last_agent_scoring():
   gen = _scripted({"reasoner": ["plan A", "plan B", "plan C"],
                    "actor": ["\\boxed{4}", "\\boxed{5}", "\\boxed{6}"]})
   problem = R.Problem("math", {"problem": PROBLEM, "workflow": "marft"}, 0)
-  res = R.rollout([problem], tasks.math_workflow("marft"), gen, None, R.RolloutConfig(k=1))
+  res = R.rollout([problem], registry.workflow_spec("math", "marft"), gen, None, R.RolloutConfig(k=1))
   assert [(s.agent, s.turn, s.reward) for s in res.samples] == [
       ("reasoner", 0, 0.0), ("actor", 0, 0.0), ("reasoner", 1, 0.0), ("actor", 1, 0.0),
       ("reasoner", 2, 0.0), ("actor", 2, 1.0)]
   actor_prompt = res.samples[3].messages[1]["content"]
   assert "The answer is incorrect." in actor_prompt and "plan B" in actor_prompt
   assert res.samples[2].messages[0]["content"].startswith("You are the reasoner")
-  env = base.make_env("math", problem=PROBLEM, workflow="marft", roles=["teacher", "student"])
+  env = registry.make_env("math", problem=PROBLEM, workflow="marft", roles=["teacher", "student"])
   for _ in range(3):
     env.step("teacher", "hint")
     result = env.step("student", "\\boxed{1}")
@@ -205,7 +203,7 @@ def test_hostile_tool_programs_fail_without_crashing(kind):
   gen = _scripted({"tool": [f"```python\n{HOSTILE[kind]}\n```"] * 2,
                    "reasoner": ["\\boxed{5}"] * 2})
   problem = R.Problem("math", {"problem": PROBLEM, "workflow": "atgrpo", "max_turns": 1}, 0)
-  res = R.rollout([problem], tasks.math_workflow("atgrpo", max_turns=1), gen, None,
+  res = R.rollout([problem], registry.workflow_spec("math", "atgrpo", max_turns=1), gen, None,
                   R.RolloutConfig(k=2, mode="tree", tool_timeout_s=1.0, tool_memory_mb=256))
   assert [s.reward for s in res.samples if s.agent == "tool"] == [0.0, 0.0]
   assert not res.episodes[0].solved

@@ -9,13 +9,11 @@ import time
 
 import pytest
 
-from marl_jax.envs import base
-from marl_jax.envs import datasets
+from marl_jax.envs.search import data as search_data
 from marl_jax.envs.search import env as search
 from marl_jax.traces import schema
-from marl_jax.workflows import replay
+from marl_jax.workflows import registry, replay
 from marl_jax.workflows import rollout as R
-from marl_jax.workflows import tasks
 
 
 def oracle(requests, policy_id, params):
@@ -40,10 +38,10 @@ def oracle(requests, policy_id, params):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_oracle_solves_every_generated_question(seed):
-  _, questions = search.generate_world(seed)
+  _, questions = search_data.generate_world(seed)
   assert {len(q["hops"]) for q in questions} == {1, 2, 3}
   problems = [R.Problem("search", {"seed": seed, "index": i}, i) for i in range(len(questions))]
-  res = R.rollout(problems, tasks.search_workflow(), oracle, None,
+  res = R.rollout(problems, registry.workflow_spec("search", "drmas"), oracle, None,
                   R.RolloutConfig(k=1, trace_clock="logical"))
   assert all(e.solved for e in res.episodes) and len(res.episodes) == len(questions)
   for episode, question in zip(res.episodes, questions):
@@ -57,8 +55,8 @@ def test_oracle_solves_every_generated_question(seed):
 
 
 def test_generated_world_is_seeded():
-  assert search.generate_world(4) == search.generate_world.__wrapped__(4)
-  assert search.generate_world(4)[1] != search.generate_world(5)[1]
+  assert search_data.generate_world(4) == search_data.generate_world.__wrapped__(4)
+  assert search_data.generate_world(4)[1] != search_data.generate_world(5)[1]
 
 
 def test_exact_match_and_tags():
@@ -78,7 +76,7 @@ def test_exact_match_and_tags():
 
 
 def test_penalties_and_step_cap():
-  env = base.make_env("search", seed=0, index=0)
+  env = registry.make_env("search", seed=0, index=0)
   result = env.step("verifier", "I think we should search")
   assert result.rewards == {"verifier": -0.01} and result.info["route"] == "answer"
   assert env.step("search", "query without tags").rewards == {"search": -0.01}
@@ -89,7 +87,7 @@ def test_penalties_and_step_cap():
   assert result.done and env.turn == 4 and not env.solved
   with pytest.raises(ValueError, match="finished"):
     env.step("verifier", "<verify>yes</verify>")
-  env = base.make_env("search", seed=0, index=0)
+  env = registry.make_env("search", seed=0, index=0)
   env.step("verifier", "<verify>yes</verify>")
   result = env.step("answer", "I do not know")
   assert result.done and result.rewards == {"answer": -0.01} and not env.solved
@@ -106,12 +104,12 @@ def test_local_jsonl_corpus_and_questions(tmp_path):
   questions.write_text(json.dumps({"question": "What is the capital of Ostrand?",
                                    "golden_answers": ["Velmora"]}))
   kwargs = {"corpus_path": str(corpus), "questions_path": str(questions), "index": 0}
-  env = base.make_env("search", **json.loads(json.dumps(kwargs)))
+  env = registry.make_env("search", **json.loads(json.dumps(kwargs)))
   env.step("verifier", "<verify>no</verify>")
   env.step("search", "<search>capital of Ostrand</search>")
   context = env.observe("answer").user
   assert context.index("Velmora is the capital") < context.index("Doc 2")
   env.step("verifier", "<verify>yes</verify>")
   assert env.step("answer", "<answer>velmora</answer>").done and env.solved
-  hits = search.Retriever(datasets.search_corpus(str(corpus))).retrieve("harbour town")
+  hits = search.Retriever(search_data.search_corpus(str(corpus))).retrieve("harbour town")
   assert [h["title"] for h in hits] == ["Kestrel Bay"]

@@ -12,11 +12,9 @@ import json
 
 import pytest
 
-from marl_jax.envs import base
 from marl_jax.envs.writing import env as writing
-from marl_jax.workflows import replay
+from marl_jax.workflows import registry, replay
 from marl_jax.workflows import rollout as R
-from marl_jax.workflows import tasks
 
 
 def words(prefix: str, n: int, length: int) -> list[str]:
@@ -127,7 +125,7 @@ def test_writing_env_parallel_agents_share_the_reward(tmp_path):
     return [R.Generation(c1 if r.agent == "agent1" else c2) for r in requests]
 
   problem = R.Problem("writing", {"task": "tldr", "path": str(docs), "index": 0}, 0)
-  res = R.rollout([problem], tasks.writing_workflow(), generate, None,
+  res = R.rollout([problem], registry.workflow_spec("writing", "magrpo", per_role=True), generate, None,
                   R.RolloutConfig(k=2, trace_clock="logical"))
   assert [(s.agent, s.policy_id) for s in res.samples] == [
       ("agent1", 0), ("agent1", 0), ("agent2", 1), ("agent2", 1)]
@@ -136,9 +134,9 @@ def test_writing_env_parallel_agents_share_the_reward(tmp_path):
   episode = res.episodes[0]
   assert episode.solved
   assert replay.recompute_rewards(episode.trace, episode.content) == episode.rewards
-  env = base.make_env("writing", task="arxiv", seed=3)
+  env = registry.make_env("writing", task="arxiv", seed=3)
   env.step("agent1", "short")
   result = env.step("agent2", "also short")
   assert result.rewards == {"agent1": 0.0, "agent2": 0.0} and result.done and not env.solved
   with pytest.raises(ValueError, match="unknown writing task"):
-    base.make_env("writing", task="poetry", seed=1)
+    registry.make_env("writing", task="poetry", seed=1)

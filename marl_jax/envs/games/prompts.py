@@ -1,4 +1,5 @@
-"""Role prompts of the AT-GRPO games: tool agent, plan agent, single solver.
+"""Role prompts of the AT-GRPO games (tool agent, plan agent, single solver) and the records of
+earlier steps they show.
 
 Prompts stay short: the game's rules line, the compact state rendering and, from the second turn
 on, one line about the last applied actions. Untrusted text shown to the plan agent (the tool's
@@ -7,14 +8,35 @@ code and output) is truncated head + tail so that a flooding program cannot blow
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import dataclasses
+from typing import Any
 
-if TYPE_CHECKING:
-  from marl_jax.envs.base import GameEnv
+from marl_jax.envs.base import truncate
+from marl_jax.envs.games.base import Game
 
 MAX_CODE_CHARS = 6000
 MAX_OUTPUT_CHARS = 1500
 MAX_ACTIONS_CHARS = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolRecord:
+  """The tool agent's contribution to the current turn, shown to the plan agent."""
+
+  code: str
+  output: str
+  actions: tuple[Any, ...] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnRecord:
+  """Actions applied to the shared state at one turn, for prompts of later turns."""
+
+  turn: int
+  agent: str
+  actions: tuple[Any, ...] | None
+  env_reward: float
+
 
 TOOL_SYSTEM = (
     "You are the tool agent of a two-agent team solving a puzzle. Write one self-contained Python "
@@ -33,37 +55,28 @@ SOLVER_SYSTEM = (
     "list, e.g. #### [...]")
 
 
-def truncate(text: str, limit: int) -> str:
-  """Head and tail of `text` within about `limit` characters."""
-  if len(text) <= limit:
-    return text
-  half = limit // 2
-  return f"{text[:half]}\n...[{len(text) - 2 * half} chars cut]...\n{text[-half:]}"
-
-
-def _task(env: GameEnv) -> str:
-  game = env.game
-  lines = [game.rules(), f"Turn {env.turn + 1} of {env.max_turns}. State:", game.render()]
-  if env.history:
-    last = env.history[-1]
+def _task(game: Game, turn: int, max_turns: int, history: tuple[TurnRecord, ...]) -> str:
+  lines = [game.rules(), f"Turn {turn + 1} of {max_turns}. State:", game.render()]
+  if history:
+    last = history[-1]
     applied = "unparseable" if last.actions is None else game.format_actions(last.actions)
     lines.append(f"Moves so far: {game.steps}. Last turn's actions: "
                  f"{truncate(applied, MAX_ACTIONS_CHARS)}.")
   return "\n".join(lines)
 
 
-def build(env: GameEnv, agent: str) -> tuple[str, str]:
-  """(system, user) prompt of `agent` in the env's current state."""
-  task = _task(env)
+def build(agent: str, game: Game, turn: int, max_turns: int, history: tuple[TurnRecord, ...],
+          record: ToolRecord | None) -> tuple[str, str]:
+  """(system, user) prompt of `agent` in a game env's current state."""
+  task = _task(game, turn, max_turns, history)
   if agent == "tool":
     return TOOL_SYSTEM, task
   if agent == "solver":
     return SOLVER_SYSTEM, task
-  record = env.tool_record
   if record is None:
     return PLAN_SYSTEM, task + "\nThe tool agent has not answered this turn."
   parsed = ("none (no parseable **Actions List**)" if record.actions is None
-            else truncate(env.game.format_actions(record.actions), MAX_ACTIONS_CHARS))
+            else truncate(game.format_actions(record.actions), MAX_ACTIONS_CHARS))
   return PLAN_SYSTEM, (f"{task}\nTool agent's program:\n```python\n"
                        f"{truncate(record.code, MAX_CODE_CHARS)}\n```\n"
                        f"Its output:\n{truncate(record.output, MAX_OUTPUT_CHARS)}\n"

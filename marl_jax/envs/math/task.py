@@ -1,0 +1,79 @@
+"""The math family (AT-GRPO, Dr. MAS, MARFT, single): its env factory, workflows and problem
+source. Generated problems are seeded arithmetic word problems; with `path` (and `fmt`) in the env
+kwargs, seed s is row s % rows of that file.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from marl_jax.envs.base import Task, Workflow
+from marl_jax.envs.data import nonempty_rows
+from marl_jax.envs.math import data as math_data
+from marl_jax.envs.math.env import (ATGRPOMathEnv, DrMASMathEnv, MARFTMathEnv, MathProblem,
+                                    SingleMathEnv, _MathEnv, approves)
+
+# 'atgrpo' tool -> reasoner (tool replies run in the sandbox), 'drmas' solver <-> verifier loop
+# exiting on approval, 'marft' the profiled chain (default roles), 'single' one solver.
+WORKFLOWS = {
+    "atgrpo": Workflow(ATGRPOMathEnv.agents, max_turns=4, tool_agents=frozenset({"tool"})),
+    "drmas": Workflow(DrMASMathEnv.agents, kind="loop", max_turns=2, exit_agent="verifier",
+                      exit_when=approves),
+    "marft": Workflow(("reasoner", "actor"), max_turns=3),
+    "single": Workflow(SingleMathEnv.agents, max_turns=1, fixed_turns=True, topology="unknown"),
+}
+
+
+def load_problem(problem: dict[str, Any] | None = None, *, path: str | None = None,
+                 fmt: str = "auto", index: int | None = None,
+                 seed: int | None = None) -> MathProblem:
+  """Exactly one source: a {"question", "answer"} dict, a file row (path, fmt, index) or a
+  generated arithmetic word problem (seed)."""
+  if sum(x is not None for x in (problem, path, seed)) != 1:
+    raise ValueError("give exactly one of problem=, path= (+ index=), seed=")
+  if path is not None:
+    if index is None:
+      raise ValueError(f"path={path!r} needs index=")
+    problem = math_data.load_math(path, fmt)[index]
+  elif seed is not None:
+    problem = math_data.arithmetic_problem(seed)
+  if not isinstance(problem.get("question"), str) or problem.get("answer") is None:
+    raise ValueError(f"a math problem needs 'question' (str) and 'answer'; got keys "
+                     f"{sorted(problem)}")
+  return MathProblem(problem["question"], str(problem["answer"]))
+
+
+def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,
+             roles: list[str] | tuple[str, ...] = ("reasoner", "actor"),
+             format_penalty: float = 0.1, **source: Any) -> _MathEnv:
+  """Registry factory, e.g. make_env("math", problem={...}, workflow="drmas"). `max_turns` is the
+  turn cap (atgrpo, default 4), loop cap (drmas, default 2) or step cap (marft, default 3)."""
+  if workflow not in WORKFLOWS:
+    raise ValueError(f"unknown math workflow {workflow!r}; expected one of {list(WORKFLOWS)}")
+  problem = load_problem(**source)
+  turns = max_turns or WORKFLOWS[workflow].max_turns
+  if workflow == "atgrpo":
+    return ATGRPOMathEnv(problem, turns)
+  if workflow == "drmas":
+    return DrMASMathEnv(problem, turns, format_penalty)
+  if workflow == "marft":
+    return MARFTMathEnv(problem, tuple(roles), turns)
+  return SingleMathEnv(problem)
+
+
+def problem(variant: str, max_turns: int, seed: int) -> dict[str, Any]:
+  return dict(seed=seed, workflow=variant, max_turns=max_turns)
+
+
+@functools.lru_cache(maxsize=32)
+def _rows(path: str, fmt: str) -> int:
+  return nonempty_rows("math", path, len(math_data.load_math(path, fmt)))
+
+
+def dataset_rows(env_kwargs: dict[str, Any]) -> int | None:
+  path = env_kwargs.get("path")
+  return None if path is None else _rows(str(path), env_kwargs.get("fmt") or "auto")
+
+
+TASK = Task(make_env, WORKFLOWS, problem, dataset_rows)

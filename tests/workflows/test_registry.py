@@ -1,0 +1,43 @@
+"""The environment registry: declarations agree with the envs, specs, one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from marl_jax.traces.replay import REPLAYERS
+from marl_jax.workflows import registry
+from marl_jax.workflows.replay import recompute_rewards
+
+
+def _variants():
+  for name in ("plan_path", "sokoban", "sudoku", "math", "code", "writing", "search"):
+    for variant in registry.TASKS.get(name).workflows:
+      yield name, variant
+
+
+@pytest.mark.parametrize("name, variant", list(_variants()))
+def test_declared_agents_are_the_envs_agents(name, variant):
+  """Each family declares its agents once; the env its problem source builds must agree."""
+  spec = registry.workflow_spec(name, variant, max_turns=2, per_role=True)
+  env = registry.make_env(name, **registry.problem_kwargs(name, variant, 2, 0, {}))
+  assert tuple(env.agents) == spec.agents
+  assert spec.policy_of == {agent: i for i, agent in enumerate(spec.agents)}
+  assert set(spec.tool_agents) <= set(spec.agents)
+  assert REPLAYERS.get(name) is recompute_rewards
+
+
+def test_turn_caps_defaults_and_fixed_variants():
+  assert registry.workflow_spec("math", "drmas").max_turns == 2  # the variant's default
+  assert registry.workflow_spec("math", "drmas", max_turns=5).max_turns == 5
+  assert registry.workflow_spec("math", "single", max_turns=5).max_turns == 1  # one turn always
+  assert registry.workflow_spec("sudoku", "single", max_turns=3).max_turns == 3
+  shared = registry.workflow_spec("search", "drmas", max_turns=4)
+  assert shared.num_policies == 1 and shared.kind == "router"
+
+
+def test_unknown_names_fail_with_one_line():
+  with pytest.raises(ValueError, match=r"unknown environment 'chess'; expected one of \["):
+    registry.make_env("chess", seed=0)
+  with pytest.raises(ValueError, match="unknown workflow 'debate' for environment 'math'; "
+                                       "expected one of \\['atgrpo', 'drmas', 'marft', 'single'\\]"):
+    registry.workflow_spec("math", "debate")
