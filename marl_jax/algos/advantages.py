@@ -65,13 +65,13 @@ class AdvantageConfig:
       `torch.std`; else 0).
     eps: added to the std before dividing.
     normalize_std: divide by the group std (grpo/at_grpo/drmas/traj_grpo, default True; False
-      gives the mean-only variant) or z-score siblings (magrpo, default False). Not allowed for estimators
-      that never divide by a std.
+      gives the mean-only variant) or z-score siblings (magrpo, default False). Not allowed for
+      estimators that never divide by a std.
     filter: "none", "lowest_mean" (drop the `filter_fraction` of non-empty groups with the lowest
       mean reward, AT-GRPO; ranked per policy, as PettingLLMs filters each model's batch on its
       own; policy ids must lie in [0, num_agents), others are dropped and counted as
-      out_of_range) or "zero_variance" (drop groups whose rewards are all equal, DAPO); group estimators
-      only.
+      out_of_range) or "zero_variance" (drop groups whose rewards are all equal, DAPO); group
+      estimators only.
     filter_fraction: fraction of each policy's groups dropped by "lowest_mean" (floor of
       fraction x that policy's non-empty groups).
     alpha: reward mixing, `r = alpha * team_rewards + rewards`.

@@ -11,8 +11,9 @@ agent-keyed contributions (base.py); the team reward the engine attaches when an
           right.
 'drmas'   a solver answers in `\\boxed{}`, a verifier ends with `<verify>approve|reject</verify>`;
           at most `max_loops` solver/verifier loops, approval exits (a reply without a verdict
-          tag approves, as in Dr. MAS's code), the verifier is skipped on the last loop. Each call's local reward is -format_penalty (0.1) when its format is
-          invalid, else 0; the episode reward, 1/0 on the last solver answer, is the team reward
+          tag approves, as in Dr. MAS's code), the verifier is skipped on the last loop. Each
+          call's local reward is -format_penalty (0.1) when its format is invalid, else 0; the
+          episode reward, 1/0 on the last solver answer, is the team reward
           (Dr. MAS: every call gets the episode reward minus its own penalty: use alpha = 1).
 'marft'   a sequential chain of profiled agents (default reasoner -> actor): each sees its profile,
           the transcript so far and the earlier agents' outputs of this step; only the last
