@@ -47,6 +47,7 @@ def game_config(env_name: str, env_kwargs: dict, max_turns: int, variant: str,
   c.lora.rank, c.lora.alpha = 16, 32.0
   c.rollout.mode = "independent" if variant == "sa_grpo" else "tree"
   c.algo.estimator = "grpo" if variant == "sa_grpo" else "at_grpo"
+  c.algo.std_ddof = 1  # PettingLLMs' GRPO advantage is verl's: unbiased torch.std
   c.train.eval_only = variant in EVAL_ONLY
   if cpu:  # README's main job: about 10 minutes on a 2-core CPU
     c.model = "smollm2-135m-instruct"

@@ -89,10 +89,10 @@ DRMAS_ESTIMATORS = ("drmas", "grpo")
 def drmas_config(env_name: str, estimator: str, *, model: str, max_turns: int, questions: int,
                  k: int, entropy_coef: float) -> ml_collections.ConfigDict:
   """Dr. MAS (PAPERS.md section 2) on `env_name`'s "drmas" workflow with `estimator`: "drmas"
-  (group = (question, agent), unbiased std) or the vanilla "grpo" baseline (group = question).
-  The paper's baseline scores each call with its trajectory's mean reward and normalises over the
-  K trajectory values; `grpo` here normalises each call's own reward over all the question's
-  calls (the same mean when trajectories make equally many calls, not the same std).
+  (group = (question, agent)) or the vanilla "grpo" baseline, estimator `traj_grpo`: each call
+  scored with its trajectory's mean reward, normalised over the question's K trajectory values.
+  Both divide by the unbiased std (verl's `torch.std`, as Dr. MAS's code) with mean 0 / std 1
+  for a singleton group.
 
   Every call's reward is the team's episode reward minus its own format penalty (alpha = 1), K
   independent trajectories per question, no group filtering; PPO clip 0.2, dual-clip 3,
@@ -107,7 +107,8 @@ def drmas_config(env_name: str, estimator: str, *, model: str, max_turns: int, q
   c.model = model
   c.env.name, c.env.workflow, c.env.max_turns = env_name, "drmas", max_turns
   c.rollout.mode, c.rollout.k, c.rollout.problems_per_step = "independent", k, questions
-  c.algo.estimator, c.algo.filter, c.algo.alpha = estimator, "none", 1.0
+  c.algo.estimator = {"drmas": "drmas", "grpo": "traj_grpo"}[estimator]
+  c.algo.filter, c.algo.alpha, c.algo.std_ddof = "none", 1.0, 1
   c.loss.entropy_coef = entropy_coef
   c.eval.k, c.eval.temperature, c.eval.top_p = 16, 0.6, 0.95
   return c

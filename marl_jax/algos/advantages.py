@@ -40,8 +40,9 @@ _NO_STD = ("dr_grpo", "rloo", "remax", "gae_action", "gae_token")
 # Paper defaults for the options left as None (see AdvantageConfig).
 _DEFAULTS = {
     "grpo": dict(group_by="problem", std_ddof=0, normalize_std=True),
-    "at_grpo": dict(group_by="problem_turn_agent", std_ddof=0, normalize_std=True),
+    "at_grpo": dict(group_by="problem_turn_agent", std_ddof=1, normalize_std=True),
     "drmas": dict(group_by="problem_agent", std_ddof=1, normalize_std=True),
+    "traj_grpo": dict(std_ddof=1, normalize_std=True),
     "dr_grpo": dict(group_by="problem", std_ddof=0, normalize_std=False),
     "rloo": dict(group_by="problem", std_ddof=0, normalize_std=False),
     "remax": dict(group_by="problem", std_ddof=0, normalize_std=False),
@@ -60,16 +61,20 @@ class AdvantageConfig:
     group_by: grouping of group estimators: "problem", "problem_agent" or "problem_turn_agent"
       (None: grpo/dr_grpo/rloo/remax "problem", at_grpo "problem_turn_agent", drmas
       "problem_agent").
-    std_ddof: 0 or 1 for group, sibling and batch standard deviations (None: 1 for drmas, the
-      paper's unbiased std; else 0).
+    std_ddof: 0 (population) or 1 (unbiased) for group, sibling and batch standard deviations
+      (None: 1 for at_grpo, drmas and traj_grpo, whose paper code divides by verl's unbiased
+      `torch.std`; else 0).
     eps: added to the std before dividing.
-    normalize_std: divide by the group std (grpo/at_grpo/drmas, default True; False gives the
-      mean-only variant) or z-score siblings (magrpo, default False). Not allowed for estimators
-      that never divide by a std.
+    normalize_std: divide by the group std (grpo/at_grpo/drmas/traj_grpo, default True; False
+      gives the mean-only variant) or z-score siblings (magrpo, default False). Not allowed for
+      estimators that never divide by a std.
     filter: "none", "lowest_mean" (drop the `filter_fraction` of non-empty groups with the lowest
-      mean reward, AT-GRPO) or "zero_variance" (drop groups whose rewards are all equal, DAPO);
-      group estimators only.
-    filter_fraction: fraction of groups dropped by "lowest_mean" (floor of fraction x groups).
+      mean reward, AT-GRPO; ranked per policy, as PettingLLMs filters each model's batch on its
+      own; policy ids must lie in [0, num_agents), others are dropped and counted as
+      out_of_range) or "zero_variance" (drop groups whose rewards are all equal, DAPO); group
+      estimators only.
+    filter_fraction: fraction of each policy's groups dropped by "lowest_mean" (floor of
+      fraction x that policy's non-empty groups).
     alpha: reward mixing, `r = alpha * team_rewards + rewards`.
     gamma: discount (None: magrpo 0.9, gae_* 0.99).
     lam: GAE lambda.
@@ -247,18 +252,30 @@ def _check(cfg: AdvantageConfig, name: str, space: GroupSpace, needs: str | None
 # ----------------------------------------------------------------------------- group estimators
 
 
-def _keep_groups(cnt: jax.Array, mean: jax.Array, constant: jax.Array,
-                 cfg: AdvantageConfig) -> jax.Array:
-  """Groups that survive filtering; computed from global values, so identical on every device."""
-  nonempty = cnt > 0
+def _filter_keep(ids: jax.Array, num: int, valid: jax.Array, policy: jax.Array,
+                 num_policies: int, mean: jax.Array, constant: jax.Array, cfg: AdvantageConfig,
+                 axis_name: AxisName) -> jax.Array:
+  """bool[N]: the sample's group survives filtering (decided from global values, so identically
+  on every device).
+
+  "lowest_mean" ranks each policy's groups on their own: PettingLLMs filters every model's batch
+  separately, so with one policy per agent each agent loses its own lowest-mean fraction (a
+  shared policy is one ranking, as before). A group whose samples come from several policies
+  (group_by "problem") enters the ranking of each of them with the group's mean. Ties drop the
+  lower group id first.
+  """
   if cfg.filter == "zero_variance":
-    return nonempty & ~constant
-  if cfg.filter == "lowest_mean":
-    k = jnp.floor(cfg.filter_fraction * jnp.sum(nonempty))
-    order = jnp.argsort(jnp.where(nonempty, mean, jnp.inf), stable=True)  # ties: lower id first
-    rank = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
-    return nonempty & (rank >= k)
-  return nonempty
+    return ~_take(constant, ids)
+  if cfg.filter != "lowest_mean":
+    return jnp.ones_like(valid)
+  pair = policy * num + ids  # (policy, group), policy-major: row p of a [num_policies, num] grid
+  present = _seg_sum(jnp.ones(ids.shape, jnp.float32), pair, valid, num_policies * num,
+                     axis_name).reshape(num_policies, num) > 0
+  order = jnp.argsort(jnp.where(present, mean[None, :], jnp.inf), axis=1, stable=True)
+  rank = jnp.argsort(order, axis=1)  # rank of each group within its policy's row
+  k = jnp.floor(cfg.filter_fraction * jnp.sum(present, axis=1))  # [num_policies]
+  keep = present & (rank >= k[:, None])
+  return _take(keep.reshape(-1), pair)
 
 
 def _group_estimate(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
@@ -267,10 +284,13 @@ def _group_estimate(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
   cfg = cfg.resolved()
   r = mixed_reward(batch, cfg.alpha)
   ids, num, ok = group_ids(batch, cfg.group_by, space)
+  if cfg.filter == "lowest_mean":  # ranked per policy; one policy per agent at most
+    ok &= _in_range(batch.policy_id, 0, space.num_agents)
   valid = batch.sample_mask & ok
   cnt, mean, std = _moments(r, ids, valid, num, cfg.std_ddof, axis_name)
   constant = _seg_max(r, ids, valid, num, axis_name) <= -_seg_max(-r, ids, valid, num, axis_name)
-  keep_group = _keep_groups(cnt, mean, constant, cfg)
+  in_kept_group = valid & _filter_keep(ids, num, valid, batch.policy_id, space.num_agents, mean,
+                                       constant, cfg, axis_name)
   g_cnt, g_mean, g_std = _take(cnt, ids), _take(mean, ids), _take(std, ids)
   train = valid
   metrics = {}
@@ -292,9 +312,10 @@ def _group_estimate(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
     adv = r - g_mean
     if cfg.normalize_std:
       adv = adv / (g_std + cfg.eps)
-  keep = train & _take(keep_group, ids)
+  keep = train & in_kept_group
+  kept_cnt = _seg_sum(jnp.ones_like(r), ids, in_kept_group, num, axis_name)
   metrics.update(groups=jnp.sum(cnt > 0).astype(jnp.float32),
-                 groups_kept=jnp.sum(keep_group).astype(jnp.float32))
+                 groups_kept=jnp.sum(kept_cnt > 0).astype(jnp.float32))
   return _finalize(jnp.where(keep, adv, 0.0), None, valid, keep, batch, cfg, axis_name, metrics)
 
 
@@ -337,6 +358,36 @@ def remax(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
   the `groups_without_greedy` metric). CoMLRL's "max" baseline is `magrpo` with `baseline="max"`.
   """
   return _group_estimate(batch, cfg, space, axis_name, "remax")
+
+
+def traj_grpo(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
+              axis_name: AxisName = None) -> AdvantageOutput:
+  """Dr. MAS's vanilla GRPO baseline: trajectories, not calls, are the group's members.
+
+  Each call is scored with its trajectory's mean (mixed) reward, and those K trajectory values of
+  a problem are normalised, `(R_traj - mean) / (std + eps)` (unbiased std by default), so a
+  trajectory that makes more calls does not weigh more in the statistics. A problem with a single
+  trajectory has no statistics: mean 0, std 1 (as in Dr. MAS's code). Needs `traj_id`; a
+  trajectory's problem is its samples' `problem_id`.
+  """
+  _check(cfg, "traj_grpo", space, "num_trajs")
+  cfg = cfg.resolved()
+  n_t, n_p = space.num_trajs, space.num_problems
+  traj = batch.traj_id
+  valid = batch.sample_mask & _in_range(traj, 0, n_t) & _in_range(batch.problem_id, 0, n_p)
+  r = mixed_reward(batch, cfg.alpha)
+  t_cnt, r_traj, _ = _moments(r, traj, valid, n_t, 0, axis_name)  # [num_trajs], global
+  present = t_cnt > 0
+  prob = _seg_max(batch.problem_id, traj, valid, n_t, axis_name)
+  # Trajectory arrays are already global, so problem statistics need no further collective.
+  p_cnt, p_mean, p_std = (_take(x, prob) for x in _moments(r_traj, prob, present, n_p,
+                                                           cfg.std_ddof, None))
+  a = r_traj - jnp.where(p_cnt > 1, p_mean, 0.0)
+  if cfg.normalize_std:
+    a = a / (jnp.where(p_cnt > 1, p_std, 1.0) + cfg.eps)
+  adv = jnp.where(valid, _take(a, traj), 0.0)
+  metrics = dict(trajectories=jnp.sum(present).astype(jnp.float32))
+  return _finalize(adv, None, valid, valid, batch, cfg, axis_name, metrics)
 
 
 # ----------------------------------------------------------------------------- MAGRPO tree
@@ -462,6 +513,7 @@ Estimator = Callable[[SampleBatch, AdvantageConfig, GroupSpace, AxisName], Advan
 ESTIMATORS: Registry[Estimator] = Registry("estimator")
 for _name, _estimator in (("grpo", grpo), ("at_grpo", at_grpo), ("drmas", drmas),
                           ("dr_grpo", dr_grpo), ("rloo", rloo), ("remax", remax),
+                          ("traj_grpo", traj_grpo),
                           ("magrpo", magrpo), ("gae_action", gae_action),
                           ("gae_token", gae_token)):
   ESTIMATORS.register(_name, _estimator)

@@ -128,6 +128,10 @@ def build(c: ml_collections.ConfigDict) -> Built:
   except ValueError as e:
     raise ValueError(f"config.env: {e}") from None
   _one_of(c.rollout.mode, rollout.MODES, "rollout.mode")
+  if c.algo.estimator == "remax":
+    raise ValueError("config.algo.estimator='remax' needs greedy baseline samples (is_greedy), "
+                     "which no rollout produces, so it would train on nothing; use 'rloo', "
+                     "'dr_grpo', or 'magrpo' with config.algo.baseline='max'")
   _one_of(c.dtype, ("float32", "bfloat16"), "dtype")
   for field, name in [("model", c.model)] + [(f"policy.models[{i}]", m)
                                              for i, m in enumerate(c.policy.models)]:

@@ -165,7 +165,7 @@ def test_group_estimators_match_numpy(cfg_kw, ref_kw):
                                            ("zero_variance", "problem_turn_agent")])
 def test_group_filtering_matches_numpy(filt, group_by):
   batch = group_batch(np.random.default_rng(1), dyadic=True)
-  adv, keep = ref_group(batch, "at_grpo", group_by, 0, filt=filt, fraction=0.5)
+  adv, keep = ref_group(batch, "at_grpo", group_by, 1, filt=filt, fraction=0.5)
   out = check(batch, AdvantageConfig("at_grpo", group_by=group_by, filter=filt), GSPACE, adv,
               keep)
   assert 0 < out.metrics["groups_kept"] < out.metrics["groups"]
@@ -214,7 +214,7 @@ def test_distinct_problems_never_merge():
   r = np.tile(np.arange(k), num_problems * turns * agents) + 10.0 * p
   batch = make_batch(r, problem_id=p, turn=t, agent_id=a)
   out = run(batch, AdvantageConfig("at_grpo"), GroupSpace(num_problems, turns, agents))
-  z = (np.arange(k) - 1.5) / (np.arange(k).std() + 1e-6)
+  z = (np.arange(k) - 1.5) / (np.arange(k).std(ddof=1) + 1e-6)  # at_grpo: unbiased std
   np.testing.assert_allclose(np.asarray(out.advantages[:, 0]),
                              np.tile(z, num_problems * turns * agents), **TOL)
   assert out.metrics["groups"] == num_problems * turns * agents
@@ -410,7 +410,7 @@ def test_unknown_names_raise_clear_errors():
   with pytest.raises(ValueError, match="unknown baseline 'median'"):
     AdvantageConfig("magrpo", baseline="median")
   assert sorted(ESTIMATORS) == sorted(["grpo", "at_grpo", "drmas", "dr_grpo", "rloo", "remax",
-                                       "magrpo", "gae_action", "gae_token"])
+                                       "traj_grpo", "magrpo", "gae_action", "gae_token"])
 
 
 @pytest.mark.parametrize("kwargs,match", [

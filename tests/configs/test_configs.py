@@ -94,9 +94,10 @@ _ATGRPO = {"rollout.mode": "tree", "rollout.k": 8, "rollout.problems_per_step": 
            "loss.policy_loss": "ppo", "loss.clip_low": 0.2, "loss.clip_high": 0.2,
            "loss.dual_clip": 3.0, "loss.aggregation": "token_mean", "loss.kl_coef": 0.0,
            "loss.entropy_coef": 0.0, "algo.estimator": "at_grpo", "algo.filter": "lowest_mean",
-           "algo.filter_fraction": 0.5, "algo.alpha": 1.0, "eval.every": 10,
-           "model": "qwen3-1.7b", "policy.kind": "shared", "env.max_turns": 4}
+           "algo.filter_fraction": 0.5, "algo.alpha": 1.0, "algo.std_ddof": 1,
+           "eval.every": 10, "model": "qwen3-1.7b", "policy.kind": "shared", "env.max_turns": 4}
 _DRMAS = {"rollout.mode": "independent", "algo.estimator": "drmas", "algo.alpha": 1.0,
+          "algo.std_ddof": 1,
           "algo.filter": "none", "loss.clip_low": 0.2, "loss.clip_high": 0.2,
           "loss.dual_clip": 3.0, "loss.aggregation": "token_mean", "loss.kl_coef": 0.0,
           "optim.max_grad_norm": 1.0, "optim.lr": 1e-6, "eval.k": 16, "eval.temperature": 0.6,
@@ -133,17 +134,20 @@ def test_defaults_are_the_papers(name):
 
 @pytest.mark.parametrize("name, preset, want", [
     ("atgrpo_math", "sa_grpo", {"env.workflow": "single", "algo.estimator": "grpo",
-                                "rollout.mode": "independent", "algo.alpha": 0.0}),
+                                "rollout.mode": "independent", "algo.alpha": 0.0,
+                                "algo.std_ddof": 1}),
     ("atgrpo_math", "mas_grpo", {"env.workflow": "atgrpo", "algo.estimator": "grpo",
-                                 "rollout.mode": "independent", "algo.alpha": 1.0}),
+                                 "rollout.mode": "independent", "algo.alpha": 1.0,
+                                 "algo.std_ddof": 1}),
     ("atgrpo_code", "mas_lora", {"policy.kind": "lora", "policy.per_role": True,
                                  "lora.rank": 16, "lora.alpha": 32.0}),
     ("atgrpo_code", "mas_full", {"policy.kind": "stacked", "policy.per_role": True}),
     ("atgrpo_code", "mas_norl", {"train.eval_only": True, "env.workflow": "atgrpo"}),
     ("atgrpo_math", "single", {"train.eval_only": True, "env.max_turns": 1}),
-    ("drmas_math", "grpo", {"algo.estimator": "grpo", "algo.alpha": 1.0,
-                            "policy.kind": "shared"}),
-    ("drmas_search", "full,grpo", {"algo.estimator": "grpo", "policy.kind": "stacked",
+    # Dr. MAS's vanilla GRPO: calls scored with their trajectory's mean (traj_grpo).
+    ("drmas_math", "grpo", {"algo.estimator": "traj_grpo", "algo.alpha": 1.0,
+                            "algo.std_ddof": 1, "policy.kind": "shared"}),
+    ("drmas_search", "full,grpo", {"algo.estimator": "traj_grpo", "policy.kind": "stacked",
                                    "policy.per_role": True}),
     ("drmas_search", "lora", {"algo.estimator": "drmas", "policy.kind": "lora"}),
     ("magrpo_tldr", "rloo,shared", {"algo.baseline": "loo", "policy.kind": "shared",

@@ -82,6 +82,7 @@ def test_end_to_end_outputs(model_dir, tmp_path):
 
 @pytest.mark.parametrize("field, value, message", [
     ("algo.estimator", "grpoo", "unknown estimator 'grpoo'"),
+    ("algo.estimator", "remax", "needs greedy baseline samples .* which no rollout produces"),
     ("env.name", "chess", "config.env.name='chess'"),
     ("env.workflow", "mas", "unknown workflow 'mas' for environment 'toy_vowels'"),
     ("policy.kind", "lora", "needs one policy per role"),

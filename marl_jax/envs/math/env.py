@@ -10,9 +10,10 @@ is `solved` (1/0), which the estimators mix in as `alpha * team + local`.
           when the two answers agree (or after max_turns); solved = the reasoner's last answer is
           right.
 'drmas'   a solver answers in `\\boxed{}`, a verifier ends with `<verify>approve|reject</verify>`;
-          at most `max_loops` solver/verifier loops, approval exits, the verifier is skipped on
-          the last loop. Each call's local reward is -format_penalty (0.1) when its format is
-          invalid, else 0; the episode reward, 1/0 on the last solver answer, is the team reward
+          at most `max_loops` solver/verifier loops, approval exits (a reply without a verdict
+          tag approves, as in Dr. MAS's code), the verifier is skipped on the last loop. Each
+          call's local reward is -format_penalty (0.1) when its format is invalid, else 0; the
+          episode reward, 1/0 on the last solver answer, is the team reward
           (Dr. MAS: every call gets the episode reward minus its own penalty: use alpha = 1).
 'marft'   a sequential chain of profiled agents (default reasoner -> actor): each sees its profile,
           the transcript so far and the earlier agents' outputs of this step; only the last
@@ -34,7 +35,8 @@ from marl_jax.envs.base import Observation, StepResult, truncate
 
 INCORRECT = "The answer is incorrect."
 _MAX_SHOWN = 3000
-_VERIFY = re.compile(r"<verify>\s*(approve|reject)\s*</verify>", re.IGNORECASE)
+_APPROVE = re.compile(r"<verify>\s*approve\s*</verify>", re.IGNORECASE)
+_REJECT = re.compile(r"<verify>\s*reject\s*</verify>", re.IGNORECASE)
 
 TOOL_SYSTEM = (
     "You are the tool agent of a two-agent math team. Write one self-contained Python program in "
@@ -70,14 +72,20 @@ class MathProblem:
 
 
 def verdict(response: str) -> str | None:
-  """'approve' / 'reject' from the last `<verify>` tag, None when there is none."""
-  found = _VERIFY.findall(response or "")
-  return found[-1].lower() if found else None
+  """The verifier's verdict read as Dr. MAS's code reads it: 'approve' when an approve tag occurs
+  anywhere, else 'reject' when a reject tag does, else None (no verdict: a format error).
+
+  Tags match with any case and inner whitespace (Dr. MAS's code only strips the first tag's)."""
+  response = response or ""
+  if _APPROVE.search(response):
+    return "approve"
+  return "reject" if _REJECT.search(response) else None
 
 
 def approves(response: str) -> bool:
-  """Loop exit of the Dr. MAS math workflow."""
-  return verdict(response) == "approve"
+  """Loop exit of the Dr. MAS math workflow: anything but a reject, so a reply without a verdict
+  tag ends the loop (Dr. MAS's code approves it; the env still charges the format penalty)."""
+  return verdict(response) != "reject"
 
 
 class _MathEnv:
@@ -203,7 +211,7 @@ class DrMASMathEnv(_MathEnv):
                                     "correct": self.final_correct, "solved": self.solved})
     decision = verdict(response)
     invalid = decision is None
-    if decision == "approve":
+    if approves(response):
       self.finished = True
     else:
       self.rejected += (response,)

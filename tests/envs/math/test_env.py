@@ -16,6 +16,7 @@ import pytest
 
 from marl_jax.envs.math import answers as math_answers
 from marl_jax.envs.math import data as math_data
+from marl_jax.envs.math import env as math_env
 from marl_jax.sandbox import runner as sandbox
 from marl_jax.workflows import registry, replay
 from marl_jax.workflows import rollout as R
@@ -155,7 +156,8 @@ def test_drmas_math_loop_penalties_and_last_loop_without_verifier():
   gen = _scripted({"solver": ["The answer is 5", "\\boxed{6}"],
                    "verifier": ["Looks wrong. <verify>reject</verify>"]})
   problem = R.Problem("math", {"problem": PROBLEM, "workflow": "drmas"}, 0)
-  res = R.rollout([problem], registry.workflow_spec("math", "drmas"), gen, None, R.RolloutConfig(k=1))
+  res = R.rollout([problem], registry.workflow_spec("math", "drmas"), gen, None,
+                  R.RolloutConfig(k=1))
   got = [(s.agent, s.turn, s.reward, s.team_reward) for s in res.samples]
   # no \boxed on the first solver call: -0.1; the verifier is skipped on the 2nd (last) loop.
   assert got == [("solver", 0, -0.1, 1.0), ("verifier", 0, 0.0, 1.0), ("solver", 1, 0.0, 1.0)]
@@ -166,8 +168,42 @@ def test_drmas_math_loop_penalties_and_last_loop_without_verifier():
       "fine <verify>approve</verify>")
   env = registry.make_env("math", problem=PROBLEM, workflow="drmas")
   env.step("solver", "\\boxed{6}")
-  assert env.step("verifier", "no tag").rewards == {"verifier": -0.1}
+  env.step("verifier", "bad. <verify>reject</verify>")
   assert "rejected" in env.observe("solver").user
+
+
+# Dr. MAS's verifier rule (DrMAS agent_system/agent/agents/math/verifier_agent.py): an approve tag
+# approves, else a reject tag rejects, else (no verdict tag) the reply approves.
+VERIFIER_REPLIES = [
+    ("Looks right. <verify>approve</verify>", True),
+    ("Step 2 is wrong. <verify>reject</verify>", False),
+    ("I checked every step and it is fine.", True),  # no tag: approve
+    ("<verify> reject </verify>", False),
+    ("<verify>reject</verify> on reflection <verify>approve</verify>", True),
+    ("<verify>approve</verify> no wait <verify>reject</verify>", True),  # approve anywhere wins
+    ("<verify>maybe</verify>", True),
+]
+
+
+@pytest.mark.parametrize("reply,approved", VERIFIER_REPLIES)
+def test_drmas_verifier_rule(reply, approved):
+  assert math_env.approves(reply) == approved
+  env = registry.make_env("math", problem=PROBLEM, workflow="drmas", max_turns=3)
+  env.step("solver", "\\boxed{7}")
+  assert env.step("verifier", reply).done == approved
+
+
+def test_drmas_tagless_verifier_reply_ends_the_loop():
+  """Through the workflow loop: a verifier reply without a verdict tag ends the episode after one
+  solver call (Dr. MAS approves it) and is charged the format penalty."""
+  gen = _scripted({"solver": ["\\boxed{7}", "\\boxed{6}"],
+                   "verifier": ["I think this is fine."]})
+  problem = R.Problem("math", {"problem": PROBLEM, "workflow": "drmas"}, 0)
+  res = R.rollout([problem], registry.workflow_spec("math", "drmas"), gen, None,
+                  R.RolloutConfig(k=1))
+  got = [(s.agent, s.turn, s.reward, s.team_reward) for s in res.samples]
+  assert got == [("solver", 0, 0.0, 0.0), ("verifier", 0, -0.1, 0.0)]
+  assert not res.episodes[0].solved
 
 
 def test_marft_chain_feedback_and_last_agent_scoring():
