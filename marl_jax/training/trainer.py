@@ -104,6 +104,7 @@ def _rollout_metrics(result, agents) -> dict[str, float]:
     rewards[s.agent].append(s.reward)
   parts = {f"reward/{a}": multihost.sum_count(rewards[a]) for a in agents}
   parts["success"] = multihost.sum_count([e.solved for e in result.episodes])
+  parts["safety_event_rate"] = (float(result.safety_events), len(result.samples))
   parts["response_tokens"] = multihost.sum_count([len(s.generation.token_ids)
                                                   for s in result.samples])
   return {f"rollout/{k}": v for k, v in multihost.global_means(parts).items()}
