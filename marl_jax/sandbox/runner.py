@@ -20,6 +20,9 @@ Two backends, chosen once per process:
   refuses until the process opts in with `allow_unsandboxed(True)` (the trainer does so only for
   `rollout.allow_unsandboxed=True`, see `require_isolation`); asking for ``backend="rlimit"`` by
   name is itself that opt-in. A warning is logged once when this backend is first used.
+
+(Over 400 lines: backend choice, the bwrap mount layout and the child's I/O handling belong
+together; splitting them would spread one security boundary over several modules.)
 """
 from __future__ import annotations
 
