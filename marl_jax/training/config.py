@@ -69,8 +69,11 @@ def base_config() -> ml_collections.ConfigDict:
   # The environment, its workflow variant (workflows/registry.py) and extra make_env kwargs.
   c.env = ml_collections.ConfigDict(dict(name="plan_path", workflow="mas", max_turns=4,
                                          kwargs=ml_collections.ConfigDict()))
+  # allow_unsandboxed: run model-written code without bubblewrap isolation when none works here
+  # (as the calling user, see marl_jax/sandbox/runner.py); otherwise such a run stops at start-up.
   c.rollout = ml_collections.ConfigDict(dict(mode="tree", k=8, problems_per_step=32,
-                                             tool_timeout_s=5.0, tool_memory_mb=512))
+                                             tool_timeout_s=5.0, tool_memory_mb=512,
+                                             allow_unsandboxed=False))
   c.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_p=1.0, top_k=0,
                                               max_new_tokens=2048))
   c.algo = section(AdvantageConfig(estimator="at_grpo", filter="lowest_mean"))

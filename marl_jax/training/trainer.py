@@ -38,6 +38,7 @@ from marl_jax.parallel import distributed, layouts, multihost, policies
 from marl_jax.parallel import mesh as mesh_lib
 from marl_jax.parallel.train_step import TrainConfig, make_train_step
 from marl_jax.sampling.params import SamplingParams
+from marl_jax.sandbox import runner as sandbox
 from marl_jax.training import evaluation, plots, progress
 from marl_jax.training import config as config_lib
 from marl_jax.training.checkpoint import Checkpointer
@@ -102,6 +103,7 @@ def _rollout_metrics(result, agents) -> dict[str, float]:
     rewards[s.agent].append(s.reward)
   parts = {f"reward/{a}": multihost.sum_count(rewards[a]) for a in agents}
   parts["success"] = multihost.sum_count([e.solved for e in result.episodes])
+  parts["safety_event_rate"] = (float(result.safety_events), len(result.samples))
   parts["response_tokens"] = multihost.sum_count([len(s.generation.token_ids)
                                                   for s in result.samples])
   return {f"rollout/{k}": v for k, v in multihost.global_means(parts).items()}
@@ -124,6 +126,7 @@ class Run:
 
   def __init__(self, c: ml_collections.ConfigDict, workdir: str):
     built = config_lib.build(c)  # every config error surfaces here, before loading anything
+    sandbox.require_isolation(c.rollout.allow_unsandboxed)  # refuses or warns before the model
     self.c, self.workdir = c, workdir
     self.is_main = jax.process_index() == 0
     self.spec = registry.workflow_spec(c.env.name, c.env.workflow, c.env.max_turns,

@@ -29,6 +29,7 @@ from typing import Any
 
 from marl_jax.algos import batch as batch_lib
 from marl_jax.envs import actions as actions_lib
+from marl_jax.envs import base as envs_base
 from marl_jax.sandbox import runner as sandbox
 from marl_jax.traces.recorder import TEAM, TraceRecorder, agent_channel
 from marl_jax.workflows import registry
@@ -108,6 +109,7 @@ class Episode:
 class RolloutResult:
   samples: list[Sample]
   episodes: list[Episode]
+  safety_events: int = 0  # env steps that raised on a reply (each scored as a failed sample)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +142,7 @@ class _Episode:
   samples: list[int] = dataclasses.field(default_factory=list)
   parent: int = -1
   last_event: str | None = None
+  safety_events: int = 0
 
 
 def rollout(problems: Sequence[Problem], spec: WorkflowSpec, generate: Generate, params: Any,
@@ -150,7 +153,7 @@ def rollout(problems: Sequence[Problem], spec: WorkflowSpec, generate: Generate,
   live = [_start(p, spec, cfg, traj_id=batch_lib.traj_id(p.problem_id, j, trajs))
           for p in problems for j in range(trajs)]
   n_per = cfg.k if cfg.mode == "tree" else 1
-  episodes = []
+  started, episodes = list(live), []
   while live:
     replies = _generate_all(live, spec, generate, params, n_per)
     tool_outputs = _run_tools(live, spec, replies, cfg)
@@ -163,7 +166,7 @@ def rollout(problems: Sequence[Problem], spec: WorkflowSpec, generate: Generate,
         still_live.append(ep)
     live = still_live
   episodes.sort(key=lambda e: e.traj_id)
-  return RolloutResult(samples, episodes)
+  return RolloutResult(samples, episodes, sum(ep.safety_events for ep in started))
 
 
 def _start(problem: Problem, spec: WorkflowSpec, cfg: RolloutConfig, traj_id: int) -> _Episode:
@@ -227,13 +230,19 @@ def _step_episode(ep: _Episode, spec: WorkflowSpec, replies: list[Generation],
   for j, (gen, tool_output) in enumerate(zip(replies, tool_outputs)):
     env = ep.env.clone()
     kwargs = {} if tool_output is None else {"tool_output": tool_output}
-    result = env.step(agent, gen.text, **kwargs)
+    try:
+      result = env.step(agent, gen.text, **kwargs)
+    except sandbox.IsolationUnavailable:
+      raise  # the run's configuration, not the reply, is at fault
+    except Exception as e:  # a reply must never stop the run: a failed sample, ending its branch
+      env, result = ep.env.clone(), _safety_event(ep, agent, e)
     samples.append(Sample(ep.problem.problem_id, ep.traj_id, turn, agent, spec.agent_id(agent),
                           spec.policy_id(agent), j if tree else ep.traj_id, ep.parent, messages,
                           gen, reward=result.rewards.get(agent, 0.0)))
     candidates.append((len(samples) - 1, env, result))
-  best = max(range(len(candidates)),
-             key=lambda j: candidates[j][2].rewards.get(agent, float("-inf")))
+  best = max(range(len(candidates)),  # on a tie, a branch whose step did not raise
+             key=lambda j: (candidates[j][2].rewards.get(agent, float("-inf")),
+                            "safety_event" not in candidates[j][2].info))
   chosen_index, env, result = candidates[best]
   for index, _, _ in candidates:
     samples[index].selected = index == chosen_index
@@ -251,6 +260,18 @@ def _step_episode(ep: _Episode, spec: WorkflowSpec, replies: list[Generation],
   ep.cursor = advance(spec, ep.cursor, replies[best].text, result.done)
   if ep.cursor.turn != turn:
     ep.open = {}
+
+
+def _safety_event(ep: _Episode, agent: str, error: Exception) -> envs_base.StepResult:
+  """The step result standing in for an env step that raised: reward 0 (a format failure), the
+  episode ends there (the env state is unknown), a `safety_event` in the trace."""
+  ep.safety_events += 1
+  message = f"{type(error).__name__}: {error}"[:500]
+  if ep.recorder is not None:
+    ep.recorder.event("safety_event", agent, content=message, after=[(ep.last_event, "causal")],
+                      turn=ep.cursor.turn, reason="env_step_raised")
+  return envs_base.StepResult(agent, None, {agent: 0.0}, True,
+                              {"format_error": True, "safety_event": message})
 
 
 def _record_step(ep: _Episode, spec: WorkflowSpec, gen: Generation, tool_output: str | None,

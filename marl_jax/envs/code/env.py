@@ -68,11 +68,11 @@ def parse_generated_tests(response: str, style: str) -> tuple[Any, ...]:
   code = reply_code(response)
   if code is None:
     return ()
-  try:
+  try:  # deep nesting raises RecursionError, huge replies MemoryError: both are just bad tests
     tree = ast.parse(code)
-  except SyntaxError:
+    statements = [ast.unparse(node) for node in tree.body]
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
     return ()
-  statements = [ast.unparse(node) for node in tree.body]
   counted = [i for i, s in enumerate(statements) if code_harness.is_counted(s)]
   if not counted:
     return ()
@@ -204,7 +204,7 @@ class CodeEnv:
     if self.done:
       raise ValueError(f"step({agent!r}) on a finished episode (turn {self.turn})")
     if agent == "coder":
-      self.code = reply_code(response)
+      self.code = reply_code((response or "")[:MAX_REPLY_CHARS])
       self.gt_report = None
       if self.code is not None:
         self.gt_report = code_harness.run_tests([self.problem.job(self.code)], self.limits)[0]

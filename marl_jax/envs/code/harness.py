@@ -1,25 +1,36 @@
 """Runs a candidate program against unit tests inside the sandbox, one sandbox call per program.
 
-A test-by-test sandbox call would cost a process start (~0.15 s) per test; instead one harness
-program (below) runs in the sandbox, executes the candidate, then every test case with its own
-time limit (`setitimer`), and prints one result line per case as soon as it finishes. Two styles:
+The verdict must not be something the candidate can set. So inside the sandbox two processes run:
 
-  function  the candidate's code is executed once (a module namespace), then `setup` (e.g.
-            HumanEval's `check` source plus `candidate = entry_point`), then each test statement
-            in order in that namespace. Statements with an `assert` are the counted tests;
-            others (imports, assignments inside HumanEval's `check`) just run.
-  stdio     for each case the candidate runs as `__main__` in a fresh namespace with that case's
-            input as fd 0 / `sys.stdin` and its output captured; outputs compare token by token
-            (numbers within 1e-6).
+  judge   (the sandboxed main program, below) reads the job, holds the tests, the expected outputs
+          and the result channel (its stdout), and never executes candidate code. It makes itself
+          non-dumpable first, so the worker (same uid) cannot ptrace it or open its memory or fds.
+  worker  a fresh interpreter started by the judge, holding only the candidate. It receives one
+          request at a time on a pipe and answers one JSON line: the names the candidate defined,
+          the value one of its functions returned, or the output it printed for one stdin.
 
-Failure modes never raise here: a syntax error fails every case; a crash, `os._exit` or a sandbox
-kill fails every case not yet reported; after `max_timeouts` timed-out cases the rest are skipped
-(failed) so that a looping candidate costs at most a few time limits.
+Two styles:
+  function  the judge executes `setup` (e.g. HumanEval's `check` source plus `candidate =
+            entry_point`) and then each test statement in order, in its own namespace where every
+            function the candidate defined is a proxy that calls it in the worker. Values cross
+            the pipe as plain data (None, bool, int, float, complex, str, bytes, list, tuple,
+            dict, set), so the judge compares its own objects: a returned value can be wrong, but
+            cannot be an object whose `__eq__` lies, and the candidate never sees a test's
+            expected value. Statements with an `assert` are the counted tests; others just run.
+            A candidate returning anything else (a generator, its own class) fails that test.
+  stdio     per case the worker runs the candidate as `__main__` with the case's input as stdin
+            and returns what it printed; the judge compares outputs token by token (numbers
+            within 1e-6).
 
-Result lines carry a random per-run nonce and the candidate's stdout/stderr go to /dev/null, so
-printing fake results does not count. This does not stop code that deliberately inspects the
-harness's own frames: the sandbox protects the machine, not the reward, from a candidate that sets
-out to forge it.
+Whatever the candidate does in the worker (print "pass" lines, monkeypatch builtins, `sys.exit`,
+`os._exit(0)`, kill itself) changes at most the values it returns or ends the worker: a dead or
+silent worker fails the current case and is restarted for the next. Each case has its own time
+limit (the judge's `setitimer`, the worker is killed); after `max_timeouts` timed-out cases the rest
+are skipped (failed). Test statements run in the judge: they come from the dataset, or from the
+tester agent whose own reward they decide (it could as well write `assert True`).
+
+(Over 400 lines because the judge and worker programs live here as source strings, next to the
+job format and result parsing they must agree with.)
 """
 
 from __future__ import annotations
@@ -27,7 +38,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
-import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,18 +45,133 @@ from marl_jax.sandbox import runner as sandbox
 
 STYLES = ("function", "stdio")
 PASS = "pass"
+_STATUSES = frozenset({"pass", "fail", "error", "timeout", "skipped"})
 
-_HARNESS = r'''
-import io, json, os, signal, sys
-_payload = json.loads(sys.stdin.read())
-_nonce = _payload["nonce"]
+# Shared by judge and worker: plain data <-> JSON. Every non-list container is a one-key tagged
+# dict, so a decoded value is exactly the plain type that was encoded.
+_CODEC = r'''
+def _enc(x, depth=0):
+  if depth > 200:
+    raise ValueError("too deep")
+  t = type(x)
+  if x is None or t in (bool, str):
+    return x
+  if t is int:
+    return {"i": str(x)} if abs(x) > 2**53 else x
+  if t is float:
+    return {"f": x.hex()}
+  if t is list:
+    return [_enc(v, depth + 1) for v in x]
+  if t is tuple:
+    return {"t": [_enc(v, depth + 1) for v in x]}
+  if t in (set, frozenset):
+    return {"s" if t is set else "z": [_enc(v, depth + 1) for v in x]}
+  if t is dict:
+    return {"d": [[_enc(k, depth + 1), _enc(v, depth + 1)] for k, v in x.items()]}
+  if t is complex:
+    return {"c": [x.real.hex(), x.imag.hex()]}
+  if t is bytes:
+    return {"b": x.hex()}
+  raise TypeError("not plain data: " + t.__name__)
+
+
+def _dec(x):
+  if x is None or type(x) in (bool, int, str):
+    return x
+  if type(x) is list:
+    return [_dec(v) for v in x]
+  (tag, v), = x.items()
+  if tag == "i":
+    return int(v)
+  if tag == "f":
+    return float.fromhex(v)
+  if tag == "t":
+    return tuple(_dec(e) for e in v)
+  if tag in ("s", "z"):
+    return (set if tag == "s" else frozenset)(_dec(e) for e in v)
+  if tag == "d":
+    return {_dec(k): _dec(e) for k, e in v}
+  if tag == "c":
+    return complex(float.fromhex(v[0]), float.fromhex(v[1]))
+  if tag == "b":
+    return bytes.fromhex(v)
+  raise ValueError("bad tag")
+'''
+
+_WORKER = _CODEC + r'''
+import io, json, os, sys
+_inbox = os.fdopen(os.dup(0), "r", encoding="utf-8")
+_outbox = os.fdopen(os.dup(1), "w", encoding="utf-8")
+_null = os.open(os.devnull, os.O_RDWR)
+for _fd in (0, 1, 2):
+  os.dup2(_null, _fd)
+_ns, _code = {}, None
+
+
+def _serve(msg):
+  global _ns, _code
+  if msg["op"] == "load":
+    _code = compile(msg["code"], "<candidate>", "exec")
+    _ns = {"__name__": "__candidate__", "__builtins__": __builtins__}
+    if msg["style"] == "function":
+      try:
+        exec(_code, _ns)
+      except SystemExit as e:
+        if e.code not in (None, 0):
+          raise
+    funcs = [k for k, v in _ns.items() if not k.startswith("__") and callable(v)
+             and type(v).__name__ != "module"]
+    mods = {k: v.__name__ for k, v in _ns.items() if type(v).__name__ == "module"}
+    return {"funcs": funcs, "modules": mods}
+  if msg["op"] == "call":
+    return {"value": _enc(_ns[msg["name"]](*_dec(msg["args"]), **_dec(msg["kwargs"])))}
+  with open("stdin.txt", "w", encoding="utf-8") as f:
+    f.write(msg["input"])
+  fd = os.open("stdin.txt", os.O_RDONLY)
+  os.dup2(fd, 0)
+  os.close(fd)
+  sys.stdin = open(0, "r", encoding="utf-8", closefd=False)
+  buffer = io.BytesIO()
+  sys.stdout = io.TextIOWrapper(buffer, encoding="utf-8", write_through=True)
+  try:
+    exec(_code, {"__name__": "__main__", "__builtins__": __builtins__})
+  except SystemExit as e:
+    if e.code not in (None, 0):
+      raise
+  sys.stdout.flush()
+  return {"output": buffer.getvalue().decode("utf-8", "replace")}
+
+
+for _line in _inbox:
+  try:
+    _reply = _serve(json.loads(_line))
+  except BaseException as e:
+    _reply = {"raise": type(e).__name__}
+  sys.stdout = sys.__stdout__
+  _outbox.write(json.dumps(_reply) + "\n")
+  _outbox.flush()
+'''
+_JUDGE = _CODEC + r'''
+import builtins, ctypes, importlib, json, os, select, signal, subprocess, sys, time
+sys.path = [p for p in sys.path if p and os.path.abspath(p) != os.getcwd()]  # scratch: candidate's
+try:
+  ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no ptrace, /proc/<judge>/{mem,fd}
+except Exception:
+  pass
+_job = json.loads(sys.stdin.read())
 _res = os.fdopen(os.dup(1), "w")
 _null = os.open(os.devnull, os.O_RDWR)
 for _fd in (0, 1, 2):
   os.dup2(_null, _fd)
+os.makedirs("work", exist_ok=True)
+_MAX_REPLY = 8 << 20
 
 
 class _Timeout(BaseException):
+  pass
+
+
+class _WorkerGone(BaseException):
   pass
 
 
@@ -57,28 +182,162 @@ def _on_alarm(signum, frame):
 signal.signal(signal.SIGALRM, _on_alarm)
 
 
-def _report(i, status):
-  _res.write(f"{_nonce} {i} {status}\n")
-  _res.flush()
+class _Worker:
+  def __init__(self):
+    self.proc = subprocess.Popen([sys.executable, "-I", "-c", _job["worker"]], cwd="work",
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, close_fds=True)
+    self.buffer = b""
+
+  def ask(self, msg):
+    try:
+      self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+      self.proc.stdin.flush()
+    except (OSError, ValueError):
+      raise _WorkerGone()
+    fd = self.proc.stdout.fileno()
+    while b"\n" not in self.buffer:
+      chunk = os.read(fd, 1 << 16)
+      if not chunk or len(self.buffer) > _MAX_REPLY:
+        raise _WorkerGone()
+      self.buffer += chunk
+    line, self.buffer = self.buffer.split(b"\n", 1)
+    try:
+      reply = json.loads(line)
+      if type(reply) is not dict:
+        raise ValueError()
+    except (ValueError, RecursionError):
+      raise _WorkerGone()
+    return reply
+
+  def kill(self):
+    try:
+      self.proc.kill()
+    except OSError:
+      pass
+    self.proc.wait()
 
 
-def _run(code, ns, timeout):
+def _raise_like(name):
+  kind = getattr(builtins, str(name), None)
+  if isinstance(kind, type) and issubclass(kind, Exception):
+    raise kind("raised by the candidate")
+  raise RuntimeError(f"the candidate raised {name}")
+
+
+class _Session:
+  # The worker with the candidate loaded; restarted after a timeout or a crash.
+
+  def __init__(self):
+    self.worker, self.loaded = None, None
+
+  def start(self):
+    if self.worker is None:
+      self.worker = _Worker()
+      self.loaded = self.timed(self.worker.ask, {"op": "load", "code": _job["code"],
+                                                 "style": _job["style"]}, _job["load_timeout"])
+
+  def timed(self, fn, arg, timeout):
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+      return fn(arg)
+    finally:
+      signal.setitimer(signal.ITIMER_REAL, 0)
+
+  def drop(self):
+    if self.worker is not None:
+      self.worker.kill()
+    self.worker, self.loaded = None, None
+
+
+_session = _Session()
+
+
+def _proxy(name):
+  def call(*args, **kwargs):
+    if _session.worker is None:
+      raise _WorkerGone()
+    reply = _session.worker.ask({"op": "call", "name": name, "args": _enc(list(args)),
+                                 "kwargs": _enc(kwargs)})
+    if "value" in reply:
+      return _dec(reply["value"])
+    _raise_like(reply.get("raise"))
+  call.__name__ = name
+  return call
+
+
+def _status(code, ns, timeout):
+  # Runs a test statement in the judge's namespace with a time limit; returns its verdict.
   try:
     try:
       signal.setitimer(signal.ITIMER_REAL, timeout)
       exec(code, ns)
-      status = "pass"
+      return "pass"
     finally:
       signal.setitimer(signal.ITIMER_REAL, 0)
   except _Timeout:
-    status = "timeout"
+    return "timeout"
   except AssertionError:
-    status = "fail"
-  except SystemExit as e:
-    status = "pass" if e.code in (None, 0) else "error"
+    return "fail"
   except BaseException:
-    status = "error"
-  return status
+    return "error"
+
+
+def _report(i, status):
+  _res.write(f"{i} {status}\n")
+  _res.flush()
+
+
+def _namespace(loaded):
+  ns = {"__name__": "__judge__", "__builtins__": builtins}
+  for alias, module in loaded.get("modules", {}).items():
+    if type(module) is str and module.split(".")[0] in sys.stdlib_module_names:
+      try:
+        ns[alias] = importlib.import_module(module)
+      except Exception:
+        pass
+  for name in loaded.get("funcs", []):
+    if type(name) is str:
+      ns[name] = _proxy(name)
+  return ns
+
+
+def _loaded():
+  try:
+    _session.start()
+  except (_Timeout, _WorkerGone):
+    _session.drop()
+    return None
+  if "raise" in _session.loaded:
+    return None
+  return _session.loaded
+
+
+def _function_style(cases, timeout):
+  loaded = _loaded()
+  ns = None
+  if loaded is not None:
+    ns = _namespace(loaded)
+    if _status(compile(_job["setup"], "<setup>", "exec"), ns, _job["load_timeout"]) != "pass":
+      ns = None
+  timeouts = 0
+  for i, case in enumerate(cases):
+    if ns is None or timeouts >= _job["max_timeouts"]:
+      _report(i, "skipped" if ns is not None else "error")
+      continue
+    if _session.worker is None and _loaded() is None:
+      _report(i, "error")
+      continue
+    try:
+      test = compile(case, f"<test {i}>", "exec")
+    except BaseException:
+      _report(i, "error")
+      continue
+    status = _status(test, ns, timeout)
+    if status in ("timeout", "error"):
+      _session.drop()  # a worker stuck in a loop, dead, or out of step: a fresh one next
+    timeouts += status == "timeout"
+    _report(i, status)
 
 
 def _same(got, want):
@@ -97,60 +356,37 @@ def _same(got, want):
   return True
 
 
-def _main():
-  style, cases, timeout = _payload["style"], _payload["cases"], _payload["case_timeout"]
-  try:
-    code = compile(_payload["code"], "<candidate>", "exec")
-  except BaseException:
-    for i, _ in enumerate(cases):
-      _report(i, "error")
-    return
+def _stdio_style(cases, timeout):
   timeouts = 0
-  if style == "function":
-    ns = {"__name__": "__candidate__", "__builtins__": __builtins__}
-    loaded = _run(code, ns, _payload["load_timeout"])
-    if loaded == "pass":
-      _run(compile(_payload["setup"], "<setup>", "exec"), ns, _payload["load_timeout"])
-    for i, case in enumerate(cases):
-      if loaded != "pass" or timeouts >= _payload["max_timeouts"]:
-        _report(i, "skipped" if loaded == "pass" else "error")
-        continue
-      try:
-        test = compile(case, f"<test {i}>", "exec")
-      except BaseException:
-        _report(i, "error")
-        continue
-      status = _run(test, ns, timeout)
-      timeouts += status == "timeout"
-      _report(i, status)
-    return
   for i, case in enumerate(cases):
-    if timeouts >= _payload["max_timeouts"]:
+    if timeouts >= _job["max_timeouts"]:
       _report(i, "skipped")
       continue
-    with open("stdin.txt", "w", encoding="utf-8") as f:
-      f.write(case["input"])
-    fd = os.open("stdin.txt", os.O_RDONLY)
-    os.dup2(fd, 0)
-    os.close(fd)
-    sys.stdin = open(0, "r", encoding="utf-8", closefd=False)
-    buffer = io.BytesIO()
-    sys.stdout = io.TextIOWrapper(buffer, encoding="utf-8", write_through=True)
-    status = _run(code, {"__name__": "__main__", "__builtins__": __builtins__}, timeout)
+    if _loaded() is None:
+      _report(i, "error")
+      continue
     try:
-      sys.stdout.flush()
-      output = buffer.getvalue().decode("utf-8", "replace")
-    except BaseException:
-      output, status = "", "error"
-    sys.stdout = sys.__stdout__
+      reply = _session.timed(_session.worker.ask, {"op": "stdio", "input": case["input"]},
+                             timeout)
+      output = reply.get("output")
+      status = "error" if type(output) is not str else (
+          "pass" if _same(output, case["output"]) else "fail")
+    except _Timeout:
+      status = "timeout"
+    except _WorkerGone:
+      status = "error"
+    if status in ("timeout", "error"):
+      _session.drop()
     timeouts += status == "timeout"
-    if status == "pass" and not _same(output, case["output"]):
-      status = "fail"
     _report(i, status)
 
 
-_main()
-_res.write(f"{_nonce} done\n")
+if _job["style"] == "function":
+  _function_style(_job["cases"], _job["case_timeout"])
+else:
+  _stdio_style(_job["cases"], _job["case_timeout"])
+_session.drop()
+_res.write("done\n")
 _res.flush()
 '''
 
@@ -217,44 +453,44 @@ def is_counted(statement: str) -> bool:
   parse: then it errors and counts as failed)."""
   try:
     tree = ast.parse(statement)
-  except SyntaxError:
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
     return True
   return any(isinstance(node, ast.Assert) for node in ast.walk(tree))
 
 
 def run_tests(jobs: Sequence[TestJob], limits: ExecLimits = ExecLimits(),
               max_workers: int = 2) -> list[TestReport]:
-  """Runs every job in its own sandboxed harness (a few at a time); reports in input order."""
+  """Runs every job in its own sandboxed judge (a few at a time); reports in input order."""
   payloads, counted, timeouts = [], [], []
   for job in jobs:
     cases = list(job.tests)
     flags = ([is_counted(c) for c in cases] if job.style == "function" else [True] * len(cases))
     counted.append(flags)
-    nonce = secrets.token_hex(16)
-    payloads.append((nonce, json.dumps({
-        "nonce": nonce, "style": job.style, "code": job.code, "setup": job.setup,
+    payloads.append(json.dumps({
+        "worker": _WORKER, "style": job.style, "code": job.code, "setup": job.setup,
         "cases": cases, "case_timeout": limits.case_timeout_s,
-        "load_timeout": limits.load_timeout_s, "max_timeouts": limits.max_timeouts})))
+        "load_timeout": limits.load_timeout_s, "max_timeouts": limits.max_timeouts}))
     timeouts.append(limits.program_timeout(len(cases)))
   reports: list[TestReport | None] = [None] * len(jobs)
   # One run_many call per distinct timeout keeps the API simple; most batches share one timeout.
   for timeout in sorted(set(timeouts)):
     idx = [i for i, t in enumerate(timeouts) if t == timeout]
-    results = sandbox.run_many([_HARNESS] * len(idx), stdins=[payloads[i][1] for i in idx],
+    results = sandbox.run_many([_JUDGE] * len(idx), stdins=[payloads[i] for i in idx],
                                timeout_s=timeout, memory_mb=limits.memory_mb,
                                max_workers=max_workers, max_procs=16,
                                disk_mb=64)
     for i, result in zip(idx, results):
-      reports[i] = _parse(result, payloads[i][0], counted[i])
+      reports[i] = _parse(result, counted[i])
   return [r for r in reports if r is not None]
 
 
-def _parse(result: sandbox.SandboxResult, nonce: str, counted: list[bool]) -> TestReport:
+def _parse(result: sandbox.SandboxResult, counted: list[bool]) -> TestReport:
+  """The judge's `index status` lines; anything else (a status never reported) is 'missing'."""
   found: dict[int, str] = {}
   for line in result.stdout.splitlines():
     parts = line.split()
-    if len(parts) == 3 and parts[0] == nonce and parts[1].isdigit():
-      found.setdefault(int(parts[1]), parts[2])
+    if (len(parts) == 2 and parts[0].isascii() and parts[0].isdigit()
+        and parts[1] in _STATUSES):
+      found.setdefault(int(parts[0]), parts[1])
   statuses = tuple(found.get(i, "missing") for i, flag in enumerate(counted) if flag)
   return TestReport(statuses, result.error)
-

@@ -36,7 +36,7 @@ import re
 
 from marl_jax.envs.code import harness as code_harness
 from marl_jax.envs.base import Observation, StepResult
-from marl_jax.envs.code.env import CodeProblem, problem_imports, reply_code
+from marl_jax.envs.code.env import MAX_REPLY_CHARS, CodeProblem, problem_imports, reply_code
 
 AUX = "aux"
 
@@ -66,9 +66,11 @@ class AuxMainReward:
 
 
 def agent_code(response: str) -> str:
-  """An agent's code: the last fenced block of its reply, else the whole reply."""
+  """An agent's code: the last fenced block of its reply, else the whole reply; only the first
+  MAX_REPLY_CHARS are read (a megabyte reply would cost seconds in `ast`, e.g. source segments)."""
+  response = (response or "")[:MAX_REPLY_CHARS]
   code = reply_code(response)
-  return code if code is not None else (response or "")
+  return code if code is not None else response
 
 
 def _own_nodes(func: ast.FunctionDef):
@@ -86,7 +88,7 @@ def find_function(code: str, name: str) -> tuple[str | None, bool]:
   """(source of the last top-level `def name`, whether it has a value-returning return)."""
   try:
     tree = ast.parse(code)
-  except (SyntaxError, ValueError):
+  except (SyntaxError, ValueError, RecursionError, MemoryError):  # deep nesting, huge replies
     return _find_textually(code, name)
   found = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
   if not found:
@@ -170,7 +172,7 @@ def aux_main_reward(aux_response: str, main_response: str, problem: CodeProblem,
   combined = "\n\n".join(filter(None, [problem_imports(problem.prompt), aux_src, main_src]))
   try:
     ast.parse(combined)
-  except (SyntaxError, ValueError):
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
     return AuxMainReward(**parts, total=total)
   parts["parses"] = True
   total += 0.5

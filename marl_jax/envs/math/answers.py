@@ -7,8 +7,13 @@ Equivalence (`is_equiv(pred, gold)`): both answers are normalised (dollar signs,
 spacing commands, `\\text{}` wrappers, units after a number, degrees, percent signs, thousands
 separators, a leading `x =`), compared as strings, and otherwise parsed into sympy by a small
 recursive-descent parser written here. The parser never calls `eval`/`sympy.parse_expr` (model text
-is untrusted: `parse_expr` evaluates Python) and it bounds input length, nesting depth, exponent
-and factorial sizes, so hostile text cannot hang the trainer. It covers integers, decimals
+is untrusted: `parse_expr` evaluates Python). Hostile text cannot hang the trainer: input length,
+nesting depth, exponents, factorials and the size of every power's result are bounded (a
+`(9^{9999})^{9999}` is refused before sympy computes it, whether numeric or symbolic), free
+variables are evaluated in floating point (no exact rationals of millions of digits), and each
+`is_equiv` call has a time budget (`CHECK_BUDGET_S`) checked between steps, after which it answers
+False. math-verify (PyPI) was not adopted: its time limit is a SIGALRM, valid only in the main
+thread, and it would need the same bounds around sympy; this parser is small and bounded. It covers integers, decimals
 (kept exact as rationals), `a/b`, `\\frac` (also `\\dfrac`, `\\tfrac`, `\\frac12`), `\\sqrt{}`,
 `\\sqrt[n]{}`, `^`, `\\cdot`, `\\times`, `\\div`, implicit products (`2\\pi`, `3x`), `\\pi`, `e`,
 `i`, `\\infty`, `!`, `|x|`, common functions (`\\sin`, `\\log`, ...), one-letter variables,
@@ -22,8 +27,10 @@ A decimal that merely rounds the exact value (0.333 for 1/3) is NOT accepted.
 
 from __future__ import annotations
 
+import cmath
 import random
 import re
+import time
 from typing import Any
 
 import sympy
@@ -32,6 +39,8 @@ MAX_ANSWER_CHARS = 1000  # longer "answers" are not answers; also bounds parsing
 MAX_DEPTH = 40  # parser recursion depth.
 MAX_EXPONENT = 10_000  # |integer exponent| of a non-trivial numeric base.
 MAX_FACTORIAL = 1000
+MAX_RESULT_BITS = 100_000  # estimated size of a power's result (2^{10000} still fits)
+CHECK_BUDGET_S = 0.25  # per is_equiv call; typical answers take a few milliseconds
 MAX_SCAN_CHARS = 20_000  # tail of a reply searched for \boxed
 _MAX_BOXED_TRIES = 4  # unbalanced \boxed{ candidates skipped before giving up
 _REL_TOL = 1e-9
@@ -132,6 +141,11 @@ class _ParseError(Exception):
   """Internal: the text is not in the supported grammar (or exceeds a bound)."""
 
 
+def _check_deadline(deadline: float | None) -> None:
+  if deadline is not None and time.monotonic() > deadline:
+    raise _ParseError("time budget exhausted")
+
+
 _TOKEN = re.compile(r"\s*(?:(\d+\.?\d*|\.\d+)|(\\[a-zA-Z]+)|([a-zA-Z])|(\S))")
 
 
@@ -154,10 +168,11 @@ class _Parser:
   """expr := term (± term)*; term := unary ((* / \\cdot \\times \\div | implicit) unary)*;
   unary := ± unary | power; power := postfix (^ unary-group)?; postfix := atom !*."""
 
-  def __init__(self, tokens: list[tuple[str, str]]):
+  def __init__(self, tokens: list[tuple[str, str]], deadline: float | None = None):
     self.tokens = tokens
     self.pos = 0
     self.depth = 0
+    self.deadline = deadline
 
   def peek(self) -> tuple[str, str] | None:
     return self.tokens[self.pos] if self.pos < len(self.tokens) else None
@@ -267,6 +282,7 @@ class _Parser:
     return self.atom()
 
   def atom(self) -> Any:
+    _check_deadline(self.deadline)
     tok = self.peek()
     if tok is None:
       raise _ParseError("unexpected end")
@@ -312,12 +328,23 @@ class _Parser:
 
 
 def _pow(base: Any, exponent: Any) -> Any:
-  if (exponent.is_number and exponent.is_real and abs(exponent) > MAX_EXPONENT
-      and base not in (0, 1, -1)):
-    raise _ParseError("exponent too large")
+  """base**exponent, refused when the exponent or the result would be huge: each exponent alone is
+  bounded, and so is (bits of the base's numbers) x |exponent|, the size sympy would compute, and
+  the exponent a symbolic power ends up with (`(x^{9999})^{9999}` = x^{99980001})."""
+  if exponent.is_number and exponent.is_real and base not in (0, 1, -1):
+    if abs(exponent) > MAX_EXPONENT:
+      raise _ParseError("exponent too large")
+    base_bits = sum(int(abs(r.p)).bit_length() + int(r.q).bit_length()
+                    for r in base.atoms(sympy.Rational))
+    if base_bits * max(1.0, float(abs(exponent))) > MAX_RESULT_BITS:
+      raise _ParseError("power too large")
   if base == 0 and exponent.is_number and exponent.is_negative:
     raise _ParseError("division by zero")
-  return base**exponent
+  value = base**exponent
+  if any(p.exp.is_number and p.exp.is_real and abs(p.exp) > MAX_EXPONENT
+         for p in value.atoms(sympy.Pow)):
+    raise _ParseError("exponent too large")
+  return value
 
 
 def _split_top(text: str) -> list[str]:
@@ -335,9 +362,9 @@ def _split_top(text: str) -> list[str]:
   return [p.strip() for p in parts]
 
 
-def parse(answer: str) -> Any | None:
+def parse(answer: str, deadline: float | None = None) -> Any | None:
   """Normalised answer -> sympy value, ("tuple", open, close, [values]) or ("set", [values]);
-  None when the text is not in the grammar."""
+  None when the text is not in the grammar, exceeds a bound or `deadline` (monotonic) passes."""
   s = normalize(answer)
   if not s:
     return None
@@ -345,31 +372,34 @@ def parse(answer: str) -> Any | None:
     if s[0] in "([" and s[-1] in ")]" and len(s) > 2:
       parts = _split_top(s[1:-1])
       if len(parts) > 1:
-        return ("tuple", s[0], s[-1], [_parse_one(p) for p in parts])
+        return ("tuple", s[0], s[-1], [_parse_one(p, deadline) for p in parts])
     if s[0] == "{" and s[-1] == "}":
       inner = _split_top(s[1:-1])
       if len(inner) > 1:
-        return ("set", [_parse_one(p) for p in inner])
+        return ("set", [_parse_one(p, deadline) for p in inner])
     parts = _split_top(s)
     if len(parts) > 1:
-      return ("set", [_parse_one(p) for p in parts])
-    return _parse_one(s)
+      return ("set", [_parse_one(p, deadline) for p in parts])
+    return _parse_one(s, deadline)
   except (_ParseError, ArithmeticError, TypeError, ValueError, RecursionError):
     return None
 
 
-def _parse_one(text: str) -> Any:
+def _parse_one(text: str, deadline: float | None) -> Any:
   if not text:
     raise _ParseError("empty")
-  parser = _Parser(_tokenize(text))
+  parser = _Parser(_tokenize(text), deadline)
   value = parser.expr()
   if parser.peek() is not None:
     raise _ParseError(f"trailing tokens from {parser.peek()}")
   return value
 
 
-def _values_equal(a: Any, b: Any) -> bool:
+def _values_equal(a: Any, b: Any, deadline: float | None) -> bool:
+  """Exact, then numeric comparison; free symbols are substituted inside evalf (floating point),
+  so a large power at a random point costs no exact arithmetic."""
   try:
+    _check_deadline(deadline)
     if a.has(sympy.oo, -sympy.oo, sympy.zoo) or b.has(sympy.oo, -sympy.oo, sympy.zoo):
       return a == b
     diff = a - b
@@ -382,35 +412,39 @@ def _values_equal(a: Any, b: Any) -> bool:
       return _close(complex(a.evalf(30)), complex(b.evalf(30)))
     rng = random.Random(0)
     for _ in range(_NUM_POINTS):
+      _check_deadline(deadline)
       point = {s: sympy.Rational(rng.randint(1, 997), rng.randint(1, 97)) for s in symbols}
-      if not _close(complex(a.subs(point).evalf(30)), complex(b.subs(point).evalf(30))):
+      if not _close(complex(a.evalf(30, subs=point)), complex(b.evalf(30, subs=point))):
         return False
     return True
-  except (ArithmeticError, TypeError, ValueError, AttributeError, RecursionError):
+  except (_ParseError, ArithmeticError, TypeError, ValueError, AttributeError, RecursionError):
     return False
 
 
 def _close(x: complex, y: complex) -> bool:
+  """Relative closeness of two finite values (an overflow to inf proves nothing)."""
+  if not (cmath.isfinite(x) and cmath.isfinite(y)):
+    return False
   return abs(x - y) <= _REL_TOL * max(1.0, abs(x), abs(y))
 
 
-def _parsed_equal(a: Any, b: Any) -> bool:
+def _parsed_equal(a: Any, b: Any, deadline: float | None) -> bool:
   if isinstance(a, tuple) or isinstance(b, tuple):
     if not (isinstance(a, tuple) and isinstance(b, tuple)) or a[0] != b[0]:
       return False
     if a[0] == "tuple":
       return (a[1:3] == b[1:3] and len(a[3]) == len(b[3])
-              and all(_values_equal(x, y) for x, y in zip(a[3], b[3])))
-    return _unordered_equal(a[1], b[1])
-  return _values_equal(a, b)
+              and all(_values_equal(x, y, deadline) for x, y in zip(a[3], b[3])))
+    return _unordered_equal(a[1], b[1], deadline)
+  return _values_equal(a, b, deadline)
 
 
-def _unordered_equal(xs: list[Any], ys: list[Any]) -> bool:
+def _unordered_equal(xs: list[Any], ys: list[Any], deadline: float | None) -> bool:
   if len(xs) != len(ys):
     return False
   remaining = list(ys)
   for x in xs:
-    match = next((i for i, y in enumerate(remaining) if _values_equal(x, y)), None)
+    match = next((i for i, y in enumerate(remaining) if _values_equal(x, y, deadline)), None)
     if match is None:
       return False
     remaining.pop(match)
@@ -423,10 +457,11 @@ def is_equiv(pred: str | None, gold: str) -> bool:
     return False
   if len(pred) > MAX_ANSWER_CHARS:
     return False
+  deadline = time.monotonic() + CHECK_BUDGET_S
   p, g = normalize(pred), normalize(gold)
   if p == g:
     return True
-  parsed_p, parsed_g = parse(p), parse(g)
+  parsed_p, parsed_g = parse(p, deadline), parse(g, deadline)
   if parsed_p is None or parsed_g is None:
     return p.replace(" ", "").lower() == g.replace(" ", "").lower()
-  return _parsed_equal(parsed_p, parsed_g)
+  return _parsed_equal(parsed_p, parsed_g, deadline)

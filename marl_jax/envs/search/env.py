@@ -46,11 +46,16 @@ SYSTEMS = {
 }
 
 
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
 def tag(text: str, name: str) -> str | None:
   """Stripped content of the last `<name>...</name>` in `text`, None when absent or empty.
-  Two reverse searches (linear time; a lazy regex is quadratic on floods of opening tags)."""
+  Two reverse searches (linear time; a lazy regex is quadratic on floods of opening tags). Only
+  ASCII letters are case-folded: `str.lower` changes lengths ('İ' -> 'i̇'), which would shift the
+  positions found in the folded text away from the original's."""
   text = (text or "")[-MAX_REPLY_CHARS:]
-  lowered = text.lower()
+  lowered = text.translate(_ASCII_LOWER)
   close = lowered.rfind(f"</{name}>")
   start = lowered.rfind(f"<{name}>", 0, max(close, 0))
   if close < 0 or start < 0:

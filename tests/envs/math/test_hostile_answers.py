@@ -1,0 +1,46 @@
+"""The math checker under replies built to make it hang or lie: every check ends in milliseconds
+(size bounds on powers, floating-point evaluation at random points, a per-call time budget)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from marl_jax.envs.math import answers as math_answers
+
+HOSTILE = [
+    "(9^{9999})^{9999}", "\\boxed{(9^{9999})^{9999}}", "(x^{9999})^{9999}",
+    "x^{9999}x^{9999}x^{9999}", "(10!)^{9999}", "(\\sqrt{2}^{9999})^{9999}", "((2^{99})^{99})^{99}",
+    "\\sin{2^{9999}}", "e^{e^{e^{9}}}", "2^{9999}\\cdot" * 60 + "1", "(1+x)^{9999}",
+    "\\sqrt[9999]{9^{9999}}^{9999}", ", ".join(str(i) for i in range(250)),
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_hostile_answer_is_checked_quickly(text):
+  for gold in ("1", "x", ", ".join(str(i) for i in reversed(range(250)))):
+    start = time.monotonic()
+    math_answers.is_equiv(math_answers.last_boxed(text) or text, gold)
+    assert time.monotonic() - start < 1.0, (text[:40], gold[:20])
+
+
+def test_bounded_powers_still_compare_exactly():
+  # Independent values: 2^300 as a Python int, (x^2)^3 = x^6 by hand.
+  assert math_answers.is_equiv("(2^{100})^{3}", str(2**300))
+  assert not math_answers.is_equiv("(2^{100})^{3}", str(2**300 + 1))
+  assert math_answers.is_equiv("(x^{2})^{3}", "x^6")
+  assert math_answers.is_equiv("2^{10000}", "2^{10000}")
+  assert math_answers.parse("(9^{9999})^{9999}") is None  # refused, not computed
+
+
+def test_overflowing_values_are_not_equal():
+  # At the random points both sides overflow a float; inf == inf proves nothing.
+  assert not math_answers.is_equiv("x^{9999}", "x^{9998}")
+  assert not math_answers.is_equiv("\\sqrt{2}^{9999}", "1")
+
+
+def test_time_budget_is_enforced(monkeypatch):
+  monkeypatch.setattr(math_answers, "CHECK_BUDGET_S", -1.0)
+  assert not math_answers.is_equiv("1/2", "0.5")  # needs parsing: over budget
+  assert math_answers.is_equiv("0.5", "0.5")  # equal strings need no work
