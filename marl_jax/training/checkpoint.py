@@ -6,6 +6,14 @@ A checkpoint of step `s` is one orbax step directory with two items:
     shardings. Typed PRNG keys (`jax.random.key`) are stored as their key data and re-wrapped.
   host:  JSON with each process's host state (sampler/dataloader cursors, numpy RNG state: anything
     JSON-serialisable, e.g. `np.random.Generator.bit_generator.state`) and the typed-key layout.
+  checksums: JSON with a SHA-256 of every state array's bytes and of the host item.
+
+Damage: orbax restores flipped bytes in a data file silently, so `restore` recomputes the
+checksums of what it read and compares. A step that cannot be read (a truncated or missing item)
+or does not match its checksums is damaged: restoring the latest step falls back to the newest
+intact one, logs one line naming the skipped step and why, and renames the damaged step directory
+to `STEP.damaged` (never deleted, so it can be inspected). A step that reads fine without a target
+but not into the given one is not damage (the run's state changed shape): that error propagates.
 
 Why this shape: resuming must continue the *same* run, so everything that feeds the next step, on
 device and on the host, is in one atomic checkpoint. Orbax writes a step into a temporary directory
@@ -23,6 +31,7 @@ restored to the target's local sharding.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -50,8 +59,15 @@ def default_config() -> ml_collections.ConfigDict:
   })
 
 
+ITEMS = ("state", "host", "checksums")
+
+
 class CheckpointWriteError(RuntimeError):
   """A checkpoint could not be written; earlier checkpoints are untouched."""
+
+
+class CheckpointDamagedError(RuntimeError):
+  """A checkpoint's items are missing, unreadable or do not match their saved checksums."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +114,7 @@ class Checkpointer:
         cleanup_tmp_directories=True,
     )
     self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                          item_names=("state", "host"))
+                                          item_names=ITEMS)
 
   @classmethod
   def from_config(cls, cfg: ml_collections.ConfigDict,
@@ -135,8 +151,10 @@ class Checkpointer:
         "typed_keys": typed_keys,
         "process_states": _gather_host_states(host_json),
     }
+    checksums = {"state": _state_checksums(data_state), "host": _json_checksum(host_item)}
     args = ocp.args.Composite(state=ocp.args.StandardSave(data_state),
-                              host=ocp.args.JsonSave(host_item))
+                              host=ocp.args.JsonSave(host_item),
+                              checksums=ocp.args.JsonSave(checksums))
     last_good = self.latest_step()
     try:
       self._manager.save(step, args=args, force=True)
@@ -161,43 +179,94 @@ class Checkpointer:
           f"the last complete checkpoint is step {self.latest_step()}") from e
 
   def restore(self, step: int | None = None, *, target: PyTree | None = None) -> Restored:
-    """Restores step `step` (default: the latest).
+    """Restores step `step` (default: the newest intact one), checking its checksums.
 
     Args:
-      step: which checkpoint; None for the latest.
+      step: which checkpoint; None for the latest intact one (damaged newer steps are set aside,
+        see the module docstring).
       target: the state pytree to restore into, concrete or abstract (`jax.ShapeDtypeStruct` with
         `sharding`): gives the structure, dtypes, shardings and typed keys of the result. Without
         it, arrays come back as saved (typed keys as raw key data).
 
     Raises:
       FileNotFoundError: no such checkpoint.
+      CheckpointDamagedError: the requested step (or, for None, every step) is damaged.
     """
     steps = self.all_steps()
     if step is None:
-      step = self.latest_step()
-      if step is None:
+      if not steps:
         raise FileNotFoundError(f"no checkpoint in {self.directory}")
-    elif step not in steps:
+      return self._restore_newest_intact(steps, target)
+    if step not in steps:
       raise FileNotFoundError(f"no checkpoint of step {step} in {self.directory}; have {steps}")
+    return self._restore_verified(step, target)
+
+  def restore_or_init(self, state: PyTree, host_state: Mapping[str, Any]) -> Restored:
+    """Resumes from the newest intact checkpoint if there is one, else returns the given initial
+    values.
+
+    `state` doubles as the restore target, so the initial state fixes dtypes and shardings.
+    """
+    steps = self.all_steps()
+    if not steps:
+      logging.info("no checkpoint in %s: starting from scratch", self.directory)
+      return Restored(step=None, state=state, host_state=dict(host_state))
+    restored = self._restore_newest_intact(steps, state)
+    logging.info("resuming from checkpoint step %d in %s", restored.step, self.directory)
+    return restored
+
+  def _restore_newest_intact(self, steps: list[int], target: PyTree | None) -> Restored:
+    """Newest step first; each damaged one is renamed aside with a one-line warning."""
+    for step in reversed(steps):
+      try:
+        return self._restore_verified(step, target)
+      except CheckpointDamagedError as e:
+        aside = self._set_aside(step)
+        logging.warning("%s", f"skipping checkpoint step {step}: {e}; kept it aside as {aside}")
+    raise CheckpointDamagedError(f"every checkpoint in {self.directory} is damaged (steps {steps}, "
+                                 "kept aside as STEP.damaged); rerun to start from scratch")
+
+  def _restore_items(self, step: int, abstract: PyTree | None) -> Any:
+    return self._manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore(),
+        checksums=ocp.args.JsonRestore()))
+
+  def _restore_verified(self, step: int, target: PyTree | None) -> Restored:
     abstract = None if target is None else _abstract_data(target)
-    restored = self._manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore()))
+    try:
+      restored = self._restore_items(step, abstract)
+    except Exception as e:  # pylint: disable=broad-except  # orbax, tensorstore and OS errors.
+      if abstract is not None and self._readable(step):
+        raise  # the files are fine; the target does not match them (not damage)
+      raise CheckpointDamagedError(f"its items cannot be read ({_one_line(e)})") from e
+    _verify(restored)
     state, host = restored.state, restored.host
     if target is not None:
       state = _data_to_keys(_to_host_local(state, target), target, host["typed_keys"])
     return Restored(step=step, state=state, host_state=_own_host_state(host["process_states"]))
 
-  def restore_or_init(self, state: PyTree, host_state: Mapping[str, Any]) -> Restored:
-    """Resumes from the latest checkpoint if there is one, else returns the given initial values.
+  def _readable(self, step: int) -> bool:
+    """Whether step `step` restores as saved (no target); only asked after a failed restore."""
+    try:
+      _verify(self._restore_items(step, None))
+    except Exception:  # pylint: disable=broad-except  # any failure here means unreadable.
+      return False
+    return True
 
-    `state` doubles as the restore target, so the initial state fixes dtypes and shardings.
-    """
-    step = self.latest_step()
-    if step is None:
-      logging.info("no checkpoint in %s: starting from scratch", self.directory)
-      return Restored(step=None, state=state, host_state=dict(host_state))
-    logging.info("resuming from checkpoint step %d in %s", step, self.directory)
-    return self.restore(step, target=state)
+  def _set_aside(self, step: int) -> epath.Path:
+    """Renames the step directory to `STEP.damaged` (`STEP.damaged2`... if taken)."""
+    source = self.directory / str(step)  # orbax's default step directory name
+    aside = self.directory / f"{step}.damaged"
+    n = 1
+    while aside.exists():
+      n += 1
+      aside = self.directory / f"{step}.damaged{n}"
+    if jax.process_index() == 0:
+      source.rename(aside)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f"checkpoint_set_aside_{step}")
+    self._manager.reload()
+    return aside
 
   def close(self) -> None:
     """Waits for pending saves and releases orbax's resources."""
@@ -218,6 +287,54 @@ def _check_json(host_state: dict[str, Any]) -> dict[str, Any]:
     raise TypeError(f"host_state must be JSON-serialisable (dicts, lists, str, numbers): {e}"
                     ) from e
   return host_state
+
+
+def _one_line(e: BaseException) -> str:
+  """`Type: first line` of the innermost cause (orbax wraps tensorstore's precise error)."""
+  while e.__cause__ is not None or e.__context__ is not None:
+    e = e.__cause__ or e.__context__
+  lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+  return f"{type(e).__name__}: {(lines[0] if lines else '')[:200]}"
+
+
+def _leaf_name(path: tuple[Any, ...]) -> str:
+  """A path name that is the same for a namedtuple field and the dict orbax restores it as."""
+  return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def _state_checksums(state: PyTree) -> dict[str, str]:
+  """SHA-256 of each array leaf's dtype, shape and bytes, by leaf name.
+
+  Multi-host: leaves no process holds whole are not hashed (orbax's own checks only).
+  """
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+    if getattr(leaf, "is_fully_addressable", True):
+      value = np.asarray(leaf)
+      digest = hashlib.sha256(f"{value.dtype}{value.shape}".encode())
+      digest.update(np.ascontiguousarray(value).tobytes())
+      out[_leaf_name(path)] = digest.hexdigest()
+  return out
+
+
+def _json_checksum(item: Any) -> str:
+  return hashlib.sha256(json.dumps(item, sort_keys=True).encode()).hexdigest()
+
+
+def _verify(restored: Any) -> None:
+  """Raises CheckpointDamagedError unless the restored items match their saved checksums."""
+  try:
+    saved_state, saved_host = restored.checksums["state"], restored.checksums["host"]
+  except (KeyError, TypeError) as e:
+    raise CheckpointDamagedError(f"its checksums item is malformed ({e!r})") from e
+  got = _state_checksums(restored.state)
+  # A leaf not hashed here (multi-host, not held whole by this process) is not compared.
+  bad = sorted(name for name, digest in saved_state.items() if got.get(name, digest) != digest)
+  if bad:
+    raise CheckpointDamagedError(f"{len(bad)} state array(s) do not match their saved checksums "
+                                 f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})")
+  if _json_checksum(restored.host) != saved_host:
+    raise CheckpointDamagedError("its host item does not match its saved checksum")
 
 
 def _is_typed_key(x: Any) -> bool:
