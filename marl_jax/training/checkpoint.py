@@ -46,6 +46,8 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from marl_jax.errors import ReportedError
+
 PyTree = Any
 CHECKPOINT_DIR = "checkpoints"
 
@@ -62,11 +64,11 @@ def default_config() -> ml_collections.ConfigDict:
 ITEMS = ("state", "host", "checksums")
 
 
-class CheckpointWriteError(RuntimeError):
+class CheckpointWriteError(ReportedError, RuntimeError):
   """A checkpoint could not be written; earlier checkpoints are untouched."""
 
 
-class CheckpointDamagedError(RuntimeError):
+class CheckpointDamagedError(ReportedError, RuntimeError):
   """A checkpoint's items are missing, unreadable or do not match their saved checksums."""
 
 
