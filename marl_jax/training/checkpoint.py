@@ -1,12 +1,13 @@
 """Checkpoints: the device training state plus the host-side data position, saved with orbax.
 
-A checkpoint of step `s` is one orbax step directory with two items:
+A checkpoint of step `s` is one orbax step directory with three items:
   state: the caller's pytree of jax arrays (params or only the LoRA adapters, optimizer state, RNG
     key, step counter...), saved with `StandardSave` so it restores with its exact dtypes and
     shardings. Typed PRNG keys (`jax.random.key`) are stored as their key data and re-wrapped.
   host:  JSON with each process's host state (sampler/dataloader cursors, numpy RNG state: anything
     JSON-serialisable, e.g. `np.random.Generator.bit_generator.state`) and the typed-key layout.
-  checksums: JSON with a SHA-256 of every state array's bytes and of the host item.
+  checksums: JSON with a SHA-256 of every state array's bytes and of the host item
+    (`checkpoint_integrity.py`).
 
 Damage: orbax restores flipped bytes in a data file silently, so `restore` recomputes the
 checksums of what it read and compares. A step that cannot be read (a truncated or missing item)
@@ -26,12 +27,12 @@ Multi-host: every process calls `save`/`restore` with its own shards; orbax coor
 writes, and the host states of all processes are gathered into process 0's JSON file. Orbax only
 writes global arrays, so process-local leaves (e.g. an RNG key made with `jax.random.key` on each
 process) are saved as replicated arrays after checking that all processes hold the same value, and
-restored to the target's local sharding.
+restored to the target's local sharding. Checksums cover only the arrays one process holds whole
+(all of them on one host); a step is set aside by process 0 while the others wait.
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -47,6 +48,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from marl_jax.errors import ReportedError
+from marl_jax.training.checkpoint_integrity import (CheckpointDamagedError, json_checksum, one_line,
+                                                    state_checksums, verify)
 
 PyTree = Any
 CHECKPOINT_DIR = "checkpoints"
@@ -66,10 +69,6 @@ ITEMS = ("state", "host", "checksums")
 
 class CheckpointWriteError(ReportedError, RuntimeError):
   """A checkpoint could not be written; earlier checkpoints are untouched."""
-
-
-class CheckpointDamagedError(ReportedError, RuntimeError):
-  """A checkpoint's items are missing, unreadable or do not match their saved checksums."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +152,7 @@ class Checkpointer:
         "typed_keys": typed_keys,
         "process_states": _gather_host_states(host_json),
     }
-    checksums = {"state": _state_checksums(data_state), "host": _json_checksum(host_item)}
+    checksums = {"state": state_checksums(data_state), "host": json_checksum(host_item)}
     args = ocp.args.Composite(state=ocp.args.StandardSave(data_state),
                               host=ocp.args.JsonSave(host_item),
                               checksums=ocp.args.JsonSave(checksums))
@@ -240,8 +239,8 @@ class Checkpointer:
     except Exception as e:  # pylint: disable=broad-except  # orbax, tensorstore and OS errors.
       if abstract is not None and self._readable(step):
         raise  # the files are fine; the target does not match them (not damage)
-      raise CheckpointDamagedError(f"its items cannot be read ({_one_line(e)})") from e
-    _verify(restored)
+      raise CheckpointDamagedError(f"its items cannot be read ({one_line(e)})") from e
+    verify(restored)
     state, host = restored.state, restored.host
     if target is not None:
       state = _data_to_keys(_to_host_local(state, target), target, host["typed_keys"])
@@ -250,7 +249,7 @@ class Checkpointer:
   def _readable(self, step: int) -> bool:
     """Whether step `step` restores as saved (no target); only asked after a failed restore."""
     try:
-      _verify(self._restore_items(step, None))
+      verify(self._restore_items(step, None))
     except Exception:  # pylint: disable=broad-except  # any failure here means unreadable.
       return False
     return True
@@ -289,54 +288,6 @@ def _check_json(host_state: dict[str, Any]) -> dict[str, Any]:
     raise TypeError(f"host_state must be JSON-serialisable (dicts, lists, str, numbers): {e}"
                     ) from e
   return host_state
-
-
-def _one_line(e: BaseException) -> str:
-  """`Type: first line` of the innermost cause (orbax wraps tensorstore's precise error)."""
-  while e.__cause__ is not None or e.__context__ is not None:
-    e = e.__cause__ or e.__context__
-  lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-  return f"{type(e).__name__}: {(lines[0] if lines else '')[:200]}"
-
-
-def _leaf_name(path: tuple[Any, ...]) -> str:
-  """A path name that is the same for a namedtuple field and the dict orbax restores it as."""
-  return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
-
-
-def _state_checksums(state: PyTree) -> dict[str, str]:
-  """SHA-256 of each array leaf's dtype, shape and bytes, by leaf name.
-
-  Multi-host: leaves no process holds whole are not hashed (orbax's own checks only).
-  """
-  out = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
-    if getattr(leaf, "is_fully_addressable", True):
-      value = np.asarray(leaf)
-      digest = hashlib.sha256(f"{value.dtype}{value.shape}".encode())
-      digest.update(np.ascontiguousarray(value).tobytes())
-      out[_leaf_name(path)] = digest.hexdigest()
-  return out
-
-
-def _json_checksum(item: Any) -> str:
-  return hashlib.sha256(json.dumps(item, sort_keys=True).encode()).hexdigest()
-
-
-def _verify(restored: Any) -> None:
-  """Raises CheckpointDamagedError unless the restored items match their saved checksums."""
-  try:
-    saved_state, saved_host = restored.checksums["state"], restored.checksums["host"]
-  except (KeyError, TypeError) as e:
-    raise CheckpointDamagedError(f"its checksums item is malformed ({e!r})") from e
-  got = _state_checksums(restored.state)
-  # A leaf not hashed here (multi-host, not held whole by this process) is not compared.
-  bad = sorted(name for name, digest in saved_state.items() if got.get(name, digest) != digest)
-  if bad:
-    raise CheckpointDamagedError(f"{len(bad)} state array(s) do not match their saved checksums "
-                                 f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})")
-  if _json_checksum(restored.host) != saved_host:
-    raise CheckpointDamagedError("its host item does not match its saved checksum")
 
 
 def _is_typed_key(x: Any) -> bool:

@@ -22,8 +22,8 @@ import optax
 import pytest
 
 from marl_jax.training import checkpoint
-from marl_jax.training.checkpoint import (Checkpointer, CheckpointDamagedError,
-                                          CheckpointWriteError)
+from marl_jax.training.checkpoint import Checkpointer, CheckpointWriteError
+from marl_jax.training.checkpoint_integrity import CheckpointDamagedError
 
 REPO = Path(__file__).resolve().parents[2]
 
