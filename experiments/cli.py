@@ -46,7 +46,10 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
   except flags.Error as e:
     sys.exit(f"error: {_flag_error(str(e))}")
   except (AttributeError, KeyError) as e:  # config_flags: `--config.X=...` names no field
-    sys.exit(f"error: {_unknown_field(argv, e)}")
+    line = _unknown_field(argv, e)
+    if line is None:  # not about an override: a bug (e.g. in a config file) keeps its traceback
+      raise
+    sys.exit(f"error: {line}")
 
 
 def _check_config_file(argv: Sequence[str]) -> None:
@@ -72,14 +75,17 @@ def _flag_error(message: str) -> str:
   return " ".join(lines)
 
 
-def _unknown_field(argv: Sequence[str], error: BaseException) -> str:
-  """`--config.a.b=...: no config field 'b'. Did you mean ...?` from ml_collections' KeyError."""
+def _unknown_field(argv: Sequence[str], error: BaseException) -> str | None:
+  """`--config.a.b: no config field 'b'. Did you mean ...?` from ml_collections' KeyError, or
+  None when no `--config.` override names the missing field."""
   detail: Any = error
   while isinstance(detail, BaseException) and detail.args:
     detail = detail.args[0]
   lines = str(detail).splitlines()
-  field = lines[0].strip("'\"") if lines else "?"
+  field = lines[0].strip("'\"") if lines else ""
   hint = " " + " ".join(lines[1:]) if len(lines) > 1 else ""
-  overrides = [a.split("=", 1)[0] for a in argv if a.startswith("--config.")]
-  named = [a for a in overrides if field in a.split(".")] or overrides or ["--config"]
+  named = [flag for flag in (a.split("=", 1)[0] for a in argv if a.startswith("--config."))
+           if field in flag.split(".")]
+  if not named:
+    return None
   return f"{named[0]}: no config field {field!r}; expected an existing field.{hint}"
