@@ -192,8 +192,9 @@ def build(c: ml_collections.ConfigDict) -> Built:
                      "kind='shared' or set config.policy.per_role=True")
   _check_team(c, spec)
   mesh = tuple(c.train.mesh)
-  if len(mesh) != 3 or not all(isinstance(s, int) and not isinstance(s, bool) and (s >= 1 or s == -1)
-                               for s in mesh):
+  sizes_ok = all(isinstance(s, int) and not isinstance(s, bool) and (s >= 1 or s == -1)
+                 for s in mesh)
+  if len(mesh) != 3 or not sizes_ok:
     raise ValueError(f"config.train.mesh={mesh}; expected (data, fsdp, tensor) sizes, integers "
                      ">= 1 or -1 for 'all remaining devices'")
   return Built(advantage=_dataclass(AdvantageConfig, c.algo, "algo"),
