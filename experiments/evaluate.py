@@ -6,17 +6,19 @@
 Loads the checkpoint of STEP (default: the latest in the workdir; the base model when the workdir
 has none), rolls out `config.eval.k` independent episodes on each of `config.eval.num_problems`
 held-out seeds, writes `eval/step{STEP}.json` and the episode traces into the workdir and prints a
-table.
+table. Bad input ends in one `error: ...` line before the model loads.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 
 from absl import app, flags
 from ml_collections import config_flags
+
+from experiments import cli
+from marl_jax.errors import UserInputError
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file with optional preset: configs/NAME.py[:PRESET].",
@@ -29,7 +31,15 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def run_evaluation(config, workdir: str, step: int | None) -> dict:
-  from marl_jax.training import plots, trainer
+  from marl_jax.training import plots, preflight, trainer
+  from marl_jax.training.checkpoint import Checkpointer
+  if step is not None:  # before the model loads
+    preflight.check_workdir(workdir)
+    with Checkpointer.from_config(config.checkpoint, workdir) as checkpointer:
+      steps = checkpointer.all_steps()
+    if step not in steps:
+      raise UserInputError(f"--checkpoint={step}: no such checkpoint in {workdir}; expected one "
+                           f"of the saved steps {steps}")
   run = trainer.Run(config, workdir)
   if step is not None or run.checkpointer.latest_step() is not None:
     restored = run.checkpointer.restore(step, target={"train": run.state, "rng": run.run_key})
@@ -49,11 +59,8 @@ def run_evaluation(config, workdir: str, step: int | None) -> dict:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  try:
-    run_evaluation(_CONFIG.value, _WORKDIR.value, _CHECKPOINT.value)
-  except (ValueError, FileNotFoundError) as e:
-    sys.exit(f"error: {e}")
+  run_evaluation(_CONFIG.value, _WORKDIR.value, _CHECKPOINT.value)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -4,8 +4,8 @@
 
 The prompt is wrapped in the model's chat template (as a single user turn) before generation; the
 completion is printed to stdout and a one-line summary (tokens, finish reason, time) to stderr.
-User errors (unknown model, unreadable file, prompt too long for the context, bad flag values)
-exit with status 1 and one `error: ...` line instead of a traceback.
+User errors (unknown model, unreadable file, empty prompt, prompt too long for the context, bad
+flag values) exit with status 1 and one `error: ...` line instead of a traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ import sys
 import time
 
 from absl import app, flags, logging
+
+from experiments import cli
+from marl_jax.errors import UserInputError
 
 _MODEL = flags.DEFINE_string(
     "model", "smollm2-135m-instruct",
@@ -43,6 +46,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # keep stderr to the summary or the error line
+  if not _PROMPT.value.strip():
+    raise UserInputError(f"--prompt={_PROMPT.value!r} is empty; expected the user message text")
   import jax  # after flag parsing, so --help and flag errors stay instant
   import transformers
 
@@ -70,4 +75,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

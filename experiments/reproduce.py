@@ -5,7 +5,8 @@
 For each (game, variant) row the workdir `ROOT/<game>_<variant>` is trained (RL rows) and
 evaluated, unless it already holds an evaluation (then it is collected). `--collect_only` never
 runs anything. Writes `ROOT/<table>_<scale>.md` and `.csv`. At `--scale=paper` the configs'
-paper defaults are used (a Qwen3 checkpoint directory via `--model`).
+paper defaults are used (a Qwen3 checkpoint directory via `--model`). Bad input ends in one
+`error: ...` line (each row's config and workdir are checked before its model loads).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import csv
 import glob
 import json
 import os
-import sys
 
-from absl import app, flags
+from absl import flags
+
+from experiments import cli
+from marl_jax.errors import UserInputError
 
 # AT-GRPO, PAPERS.md section 1: accuracy (%) on the games, Qwen3-1.7B and Qwen3-8B.
 PAPER = {
@@ -73,7 +76,11 @@ def main(argv):
   for name, values, allowed in (("rows", _ROWS.value, ROWS), ("games", _GAMES.value, GAMES)):
     bad = sorted(set(values) - set(allowed))
     if bad:
-      sys.exit(f"error: --{name} has unknown entries {bad}; expected a subset of {list(allowed)}")
+      raise UserInputError(f"--{name} has unknown entries {bad}; expected a subset of "
+                           f"{list(allowed)}")
+  if os.path.exists(_ROOT.value) and not os.path.isdir(_ROOT.value):
+    raise UserInputError(f"--root={_ROOT.value!r} is a file; expected a directory for the rows' "
+                         "workdirs")
   paper = PAPER[_PAPER_MODEL.value]
   table = []
   for row in _ROWS.value:
@@ -107,4 +114,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -5,7 +5,7 @@
   python -m experiments.traces replay runs/x/traces.jsonl [--module marl_jax.workflows.replay]
 
 Exit status 0 when everything is fine, 1 on an invalid trace, a replay mismatch or an unreadable
-file (with a one-line message on stderr), 2 on bad command-line usage.
+file (with a one-line `error: ...` on stderr, no traceback), 2 on bad command-line usage.
 """
 from __future__ import annotations
 
@@ -16,20 +16,17 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from marl_jax.errors import ReportedError, UserInputError
 from marl_jax.traces import replay as replay_lib
 from marl_jax.traces import schema, stats, store
-
-
-class _Failure(Exception):
-  """A one-line, user-facing reason to exit with status 1."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
   args = _parser().parse_args(argv)
   try:
     return args.run(args)
-  except (_Failure, store.TraceFileError) as e:
-    print(f"error: {e}", file=sys.stderr)
+  except ReportedError as e:  # trace files, traces and replay setup: one line
+    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
     return 1
 
 
@@ -61,7 +58,7 @@ def _valid_traces(path: str) -> list[dict[str, Any]]:
     try:
       schema.validate(trace)
     except schema.TraceValidationError as e:
-      raise _Failure(f"{path}:{lineno}: {e}") from e
+      raise UserInputError(f"{path}:{lineno}: {e}") from e
     traces.append(trace)
   return traces
 
@@ -84,17 +81,23 @@ def _replay(args: argparse.Namespace) -> int:
     try:
       importlib.import_module(module)
     except ImportError as e:
-      raise _Failure(f"cannot import replayer module {module!r}: {e}") from e
+      raise UserInputError(f"cannot import replayer module {module!r}: {e}; expected a module "
+                           "that registers replayers") from e
   failed = 0
   for path in args.files:
     content = store.read_content(path)
     traces = _valid_traces(path)
+    if not store.content_path(path).is_file() and any(
+        "content_ref" in event for trace in traces for event in trace["events"]):
+      raise UserInputError(f"{path}: its content store {store.content_path(path)} is missing; "
+                           "replay recomputes rewards from the stored texts, expected beside the "
+                           "trace file")
     mismatches = []
     for trace in traces:
       try:
         mismatches += replay_lib.replay(trace, content, atol=args.atol)
       except ValueError as e:
-        raise _Failure(f"{path}: {e}") from e
+        raise UserInputError(f"{path}: {e}") from e
     for mismatch in mismatches:
       print(f"{path}: MISMATCH {mismatch}")
     print(f"{path}: {len(traces)} traces replayed, {len(mismatches)} mismatches")

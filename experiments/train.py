@@ -3,18 +3,18 @@
     python -m experiments.train --config=configs/atgrpo_plan_path.py:cpu --workdir=/tmp/run \
         [--config.train.steps=10 --config.algo.estimator=drmas ...]
 
-A run started on a workdir that holds checkpoints resumes from the latest one by itself.
+A run started on a workdir that holds checkpoints resumes from the latest intact one by itself.
+Bad input (config, workdir, datasets, mesh) ends in one `error: ...` line before the model loads.
 """
 
 from __future__ import annotations
 
-import sys
-
 from absl import app, flags
 from ml_collections import config_flags
 
+from experiments import cli
+from marl_jax.errors import UserInputError
 from marl_jax.parallel.distributed import initialize_distributed
-from marl_jax.training.checkpoint import CheckpointWriteError
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file, optionally with a preset: configs/NAME.py[:PRESET]. "
@@ -30,14 +30,11 @@ def main(argv):
   from marl_jax.training import trainer  # after flag parsing: --help stays fast
   config = _CONFIG.value
   if config.train.eval_only:
-    sys.exit(f"error: config {config.name!r} is an evaluation-only row (no RL); run "
-             "python -m experiments.evaluate with it instead")
+    raise UserInputError(f"config {config.name!r} is an evaluation-only row (no RL); run "
+                         "python -m experiments.evaluate with it instead")
   initialize_distributed()
-  try:
-    trainer.train(config, _WORKDIR.value)
-  except (ValueError, FileNotFoundError, CheckpointWriteError) as e:  # one clear line
-    sys.exit(f"error: {e}")
+  trainer.train(config, _WORKDIR.value)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -13,28 +13,61 @@ import json
 import pathlib
 from typing import Any
 
+from marl_jax.errors import UserInputError
+
 
 def read_records(path: str | pathlib.Path) -> list[dict[str, Any]]:
-  """Rows of a .jsonl/.jsonl.gz, .json (a list of objects) or .parquet file."""
+  """Rows of a .jsonl/.jsonl.gz, .json (a list of objects) or .parquet file.
+
+  Raises UserInputError naming the file (and the line of a bad JSONL row) when it is missing, a
+  directory, of an unknown kind or not valid JSON/UTF-8.
+  """
   path = pathlib.Path(path)
   name = path.name.lower()
+  kinds = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
+  if not name.endswith(kinds):
+    raise UserInputError(f"unsupported data file {str(path)!r}; expected one of {list(kinds)}")
+  if not path.is_file():
+    what = "a directory" if path.is_dir() else "missing"
+    raise UserInputError(f"data file {str(path)!r} is {what}; expected a {path.suffix} file")
   if name.endswith(".parquet"):
     import pyarrow.parquet as pq  # imported lazily: only Parquet users pay for it
     return pq.read_table(path).to_pylist()
   opener = gzip.open if name.endswith(".gz") else open
-  with opener(path, "rt", encoding="utf-8") as f:
-    if name.endswith((".jsonl", ".jsonl.gz")):
-      return [json.loads(line) for line in f if line.strip()]
-    if name.endswith((".json", ".json.gz")):
-      rows = json.load(f)
-      if not isinstance(rows, list):
-        raise ValueError(f"{path}: expected a JSON list of objects, got {type(rows).__name__}")
-      return rows
-  raise ValueError(f"unsupported data file {str(path)!r}; expected .jsonl, .json or .parquet")
+  try:
+    with opener(path, "rb") as f:
+      lines = f.read().split(b"\n")
+  except (OSError, EOFError) as e:  # e.g. a truncated or corrupt .gz
+    raise UserInputError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
+  texts = []
+  for lineno, raw in enumerate(lines, start=1):
+    try:
+      texts.append(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+      raise UserInputError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte "
+                           f"{e.start})") from None
+  if name.endswith((".json", ".json.gz")):
+    try:
+      rows = json.loads("\n".join(texts))
+    except json.JSONDecodeError as e:
+      raise UserInputError(f"{path}:{e.lineno}: not valid JSON ({e.msg} at column "
+                           f"{e.colno})") from None
+    if not isinstance(rows, list):
+      raise UserInputError(f"{path}: expected a JSON list of objects, got {type(rows).__name__}")
+    return rows
+  rows = []
+  for lineno, line in enumerate(texts, start=1):
+    if line.strip():
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError as e:
+        raise UserInputError(f"{path}:{lineno}: not valid JSON ({e.msg} at column "
+                             f"{e.colno})") from None
+  return rows
 
 
 def nonempty_rows(kind: str, path: str, rows: int) -> int:
   """`rows`, the row count of `kind` dataset `path`, refused when the file has none."""
   if rows == 0:
-    raise ValueError(f"{kind} dataset {path!r} has no rows")
+    raise UserInputError(f"{kind} dataset {path!r} has no rows")
   return rows

@@ -8,10 +8,13 @@ carry extra keys (this project adds e.g. ``turn``, ``problem_id``, ``tokens``).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jsonschema
+
+from marl_jax.errors import UserInputError
 
 EVENT_TYPES = ("orchestrator_decision", "spawn", "despawn", "message", "tool_call", "tool_result",
                "return", "aggregate", "human_intervention", "safety_event")
@@ -79,7 +82,7 @@ jsonschema.Draft202012Validator.check_schema(TRACE_SCHEMA)
 _VALIDATOR = jsonschema.Draft202012Validator(TRACE_SCHEMA)
 
 
-class TraceValidationError(ValueError):
+class TraceValidationError(UserInputError):
   """A trace that breaks the schema or references a missing event; ``path`` locates the problem."""
 
   def __init__(self, message: str, path: str):
@@ -99,6 +102,9 @@ def validate(trace: Mapping[str, Any]) -> None:
     first = errors[0]
     raise TraceValidationError(f"invalid trace {name!r}: at {first.json_path}: {first.message}",
                                first.json_path)
+  for path in _non_finite(trace, "$"):  # JSON has no infinity; Python's json reads 1e999 as one
+    raise TraceValidationError(f"invalid trace {name!r}: at {path}: non-finite number; expected a "
+                               "finite number", path)
   seen: set[str] = set()
   for i, event in enumerate(trace["events"]):
     if event["id"] in seen:
@@ -112,6 +118,18 @@ def validate(trace: Mapping[str, Any]) -> None:
         path = f"$.edges[{i}].{end}"
         raise TraceValidationError(f"invalid trace {name!r}: at {path}: edge refers to unknown "
                                    f"event id {edge[end]!r}", path)
+
+
+def _non_finite(value: Any, path: str) -> Iterator[str]:
+  """JSON paths of the infinite or NaN numbers in `value`, in document order."""
+  if isinstance(value, float) and not math.isfinite(value):
+    yield path
+  elif isinstance(value, Mapping):
+    for key, item in value.items():
+      yield from _non_finite(item, f"{path}.{key}")
+  elif isinstance(value, list):
+    for i, item in enumerate(value):
+      yield from _non_finite(item, f"{path}[{i}]")
 
 
 def _document_order(error: jsonschema.ValidationError) -> tuple[list[tuple[int, int, str]], str]:

@@ -20,13 +20,14 @@ import pathlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from marl_jax.errors import UserInputError
 from marl_jax.traces.schema import validate
 
 CONTENT_SUFFIX = ".content.jsonl"
 _REF_PREFIX = "sha256:"
 
 
-class TraceFileError(ValueError):
+class TraceFileError(UserInputError):
   """A trace or content file that cannot be read; the message names the file and line."""
 
 
@@ -121,9 +122,15 @@ def read_content(trace_path: str | os.PathLike) -> dict[str, str]:
 
 def _iter_jsonl(path: pathlib.Path) -> Iterator[tuple[int, Any]]:
   if not path.is_file():
-    raise TraceFileError(f"{path}: no such trace file")
-  with open(path, encoding="utf-8") as f:
-    for lineno, line in enumerate(f, start=1):
+    raise TraceFileError(f"{path}: is a directory; expected a JSONL trace file" if path.is_dir()
+                         else f"{path}: no such trace file")
+  with open(path, "rb") as f:  # bytes, so a bad UTF-8 sequence is reported with its line
+    for lineno, raw in enumerate(f, start=1):
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise TraceFileError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte "
+                             f"{e.start})") from None
       if not line.strip():
         continue
       try:

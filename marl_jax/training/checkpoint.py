@@ -1,11 +1,20 @@
 """Checkpoints: the device training state plus the host-side data position, saved with orbax.
 
-A checkpoint of step `s` is one orbax step directory with two items:
+A checkpoint of step `s` is one orbax step directory with three items:
   state: the caller's pytree of jax arrays (params or only the LoRA adapters, optimizer state, RNG
     key, step counter...), saved with `StandardSave` so it restores with its exact dtypes and
     shardings. Typed PRNG keys (`jax.random.key`) are stored as their key data and re-wrapped.
   host:  JSON with each process's host state (sampler/dataloader cursors, numpy RNG state: anything
     JSON-serialisable, e.g. `np.random.Generator.bit_generator.state`) and the typed-key layout.
+  checksums: JSON with a SHA-256 of every state array's bytes and of the host item
+    (`checkpoint_integrity.py`).
+
+Damage: orbax restores flipped bytes in a data file silently, so `restore` recomputes the
+checksums of what it read and compares. A step that cannot be read (a truncated or missing item)
+or does not match its checksums is damaged: restoring the latest step falls back to the newest
+intact one, logs one line naming the skipped step and why, and renames the damaged step directory
+to `STEP.damaged` (never deleted, so it can be inspected). A step that reads fine without a target
+but not into the given one is not damage (the run's state changed shape): that error propagates.
 
 Why this shape: resuming must continue the *same* run, so everything that feeds the next step, on
 device and on the host, is in one atomic checkpoint. Orbax writes a step into a temporary directory
@@ -18,7 +27,8 @@ Multi-host: every process calls `save`/`restore` with its own shards; orbax coor
 writes, and the host states of all processes are gathered into process 0's JSON file. Orbax only
 writes global arrays, so process-local leaves (e.g. an RNG key made with `jax.random.key` on each
 process) are saved as replicated arrays after checking that all processes hold the same value, and
-restored to the target's local sharding.
+restored to the target's local sharding. Checksums cover only the arrays one process holds whole
+(all of them on one host); a step is set aside by process 0 while the others wait.
 """
 from __future__ import annotations
 
@@ -37,6 +47,10 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from marl_jax.errors import ReportedError
+from marl_jax.training.checkpoint_integrity import (CheckpointDamagedError, json_checksum, one_line,
+                                                    state_checksums, verify)
+
 PyTree = Any
 CHECKPOINT_DIR = "checkpoints"
 
@@ -50,7 +64,10 @@ def default_config() -> ml_collections.ConfigDict:
   })
 
 
-class CheckpointWriteError(RuntimeError):
+ITEMS = ("state", "host", "checksums")
+
+
+class CheckpointWriteError(ReportedError, RuntimeError):
   """A checkpoint could not be written; earlier checkpoints are untouched."""
 
 
@@ -98,7 +115,7 @@ class Checkpointer:
         cleanup_tmp_directories=True,
     )
     self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                          item_names=("state", "host"))
+                                          item_names=ITEMS)
 
   @classmethod
   def from_config(cls, cfg: ml_collections.ConfigDict,
@@ -135,8 +152,10 @@ class Checkpointer:
         "typed_keys": typed_keys,
         "process_states": _gather_host_states(host_json),
     }
+    checksums = {"state": state_checksums(data_state), "host": json_checksum(host_item)}
     args = ocp.args.Composite(state=ocp.args.StandardSave(data_state),
-                              host=ocp.args.JsonSave(host_item))
+                              host=ocp.args.JsonSave(host_item),
+                              checksums=ocp.args.JsonSave(checksums))
     last_good = self.latest_step()
     try:
       self._manager.save(step, args=args, force=True)
@@ -161,43 +180,94 @@ class Checkpointer:
           f"the last complete checkpoint is step {self.latest_step()}") from e
 
   def restore(self, step: int | None = None, *, target: PyTree | None = None) -> Restored:
-    """Restores step `step` (default: the latest).
+    """Restores step `step` (default: the newest intact one), checking its checksums.
 
     Args:
-      step: which checkpoint; None for the latest.
+      step: which checkpoint; None for the latest intact one (damaged newer steps are set aside,
+        see the module docstring).
       target: the state pytree to restore into, concrete or abstract (`jax.ShapeDtypeStruct` with
         `sharding`): gives the structure, dtypes, shardings and typed keys of the result. Without
         it, arrays come back as saved (typed keys as raw key data).
 
     Raises:
       FileNotFoundError: no such checkpoint.
+      CheckpointDamagedError: the requested step (or, for None, every step) is damaged.
     """
     steps = self.all_steps()
     if step is None:
-      step = self.latest_step()
-      if step is None:
+      if not steps:
         raise FileNotFoundError(f"no checkpoint in {self.directory}")
-    elif step not in steps:
+      return self._restore_newest_intact(steps, target)
+    if step not in steps:
       raise FileNotFoundError(f"no checkpoint of step {step} in {self.directory}; have {steps}")
+    return self._restore_verified(step, target)
+
+  def restore_or_init(self, state: PyTree, host_state: Mapping[str, Any]) -> Restored:
+    """Resumes from the newest intact checkpoint if there is one, else returns the given initial
+    values.
+
+    `state` doubles as the restore target, so the initial state fixes dtypes and shardings.
+    """
+    steps = self.all_steps()
+    if not steps:
+      logging.info("no checkpoint in %s: starting from scratch", self.directory)
+      return Restored(step=None, state=state, host_state=dict(host_state))
+    restored = self._restore_newest_intact(steps, state)
+    logging.info("resuming from checkpoint step %d in %s", restored.step, self.directory)
+    return restored
+
+  def _restore_newest_intact(self, steps: list[int], target: PyTree | None) -> Restored:
+    """Newest step first; each damaged one is renamed aside with a one-line warning."""
+    for step in reversed(steps):
+      try:
+        return self._restore_verified(step, target)
+      except CheckpointDamagedError as e:
+        aside = self._set_aside(step)
+        logging.warning("%s", f"skipping checkpoint step {step}: {e}; kept it aside as {aside}")
+    raise CheckpointDamagedError(f"every checkpoint in {self.directory} is damaged (steps {steps}, "
+                                 "kept aside as STEP.damaged); rerun to start from scratch")
+
+  def _restore_items(self, step: int, abstract: PyTree | None) -> Any:
+    return self._manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore(),
+        checksums=ocp.args.JsonRestore()))
+
+  def _restore_verified(self, step: int, target: PyTree | None) -> Restored:
     abstract = None if target is None else _abstract_data(target)
-    restored = self._manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore()))
+    try:
+      restored = self._restore_items(step, abstract)
+    except Exception as e:  # pylint: disable=broad-except  # orbax, tensorstore and OS errors.
+      if abstract is not None and self._readable(step):
+        raise  # the files are fine; the target does not match them (not damage)
+      raise CheckpointDamagedError(f"its items cannot be read ({one_line(e)})") from e
+    verify(restored)
     state, host = restored.state, restored.host
     if target is not None:
       state = _data_to_keys(_to_host_local(state, target), target, host["typed_keys"])
     return Restored(step=step, state=state, host_state=_own_host_state(host["process_states"]))
 
-  def restore_or_init(self, state: PyTree, host_state: Mapping[str, Any]) -> Restored:
-    """Resumes from the latest checkpoint if there is one, else returns the given initial values.
+  def _readable(self, step: int) -> bool:
+    """Whether step `step` restores as saved (no target); only asked after a failed restore."""
+    try:
+      verify(self._restore_items(step, None))
+    except Exception:  # pylint: disable=broad-except  # any failure here means unreadable.
+      return False
+    return True
 
-    `state` doubles as the restore target, so the initial state fixes dtypes and shardings.
-    """
-    step = self.latest_step()
-    if step is None:
-      logging.info("no checkpoint in %s: starting from scratch", self.directory)
-      return Restored(step=None, state=state, host_state=dict(host_state))
-    logging.info("resuming from checkpoint step %d in %s", step, self.directory)
-    return self.restore(step, target=state)
+  def _set_aside(self, step: int) -> epath.Path:
+    """Renames the step directory to `STEP.damaged` (`STEP.damaged2`... if taken)."""
+    source = self.directory / str(step)  # orbax's default step directory name
+    aside = self.directory / f"{step}.damaged"
+    n = 1
+    while aside.exists():
+      n += 1
+      aside = self.directory / f"{step}.damaged{n}"
+    if jax.process_index() == 0:
+      source.rename(aside)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f"checkpoint_set_aside_{step}")
+    self._manager.reload()
+    return aside
 
   def close(self) -> None:
     """Waits for pending saves and releases orbax's resources."""

@@ -11,6 +11,8 @@ with one line naming the field.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import os
 import typing
 from typing import Any
@@ -22,6 +24,7 @@ from marl_jax.algos import critic as critic_lib
 from marl_jax.algos.advantages import AdvantageConfig
 from marl_jax.algos.losses import LossConfig
 from marl_jax.algos.optim import OptimConfig
+from marl_jax.errors import UserInputError
 from marl_jax.models import config as model_config
 from marl_jax.models.lora import LoraConfig
 from marl_jax.parallel import layouts
@@ -121,8 +124,25 @@ def _one_of(value, allowed, field: str) -> None:
     raise ValueError(f"config.{field}={value!r}; expected one of {list(allowed)}")
 
 
+def _user_errors(check):
+  """The config checks raise ValueError (their own or the dataclasses'); every one of them is about
+  a value the user gave, so callers get UserInputError (one line at the entry points)."""
+
+  @functools.wraps(check)
+  def checked(*args, **kwargs):
+    try:
+      return check(*args, **kwargs)
+    except UserInputError:
+      raise
+    except ValueError as e:
+      raise UserInputError(str(e)) from None
+
+  return checked
+
+
+@_user_errors
 def build(c: ml_collections.ConfigDict) -> Built:
-  """Checks a whole config before any compute; raises ValueError naming the field and value."""
+  """Checks a whole config before any compute; raises UserInputError naming the field and value."""
   _one_of(c.policy.kind, layouts.LAYOUTS.names(), "policy.kind")
   layout = layouts.of(c.policy)
   _one_of(c.env.name, registry.TASKS.names(), "env.name")
@@ -148,6 +168,21 @@ def build(c: ml_collections.ConfigDict) -> Built:
     value = c[group][name]
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ValueError(f"config.{field}={value!r}; expected an integer >= 1")
+  for field in ("rollout.tool_timeout_s", "rollout.tool_memory_mb"):
+    group, name = field.split(".")
+    value = c[group][name]
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+        or value <= 0):
+      raise ValueError(f"config.{field}={value!r}; expected a finite number > 0")
+  for field in ("sampling.temperature", "eval.temperature"):
+    group, name = field.split(".")
+    value = c[group][name]
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+        or value < 0):
+      raise ValueError(f"config.{field}={value!r}; expected a finite number >= 0 (0: greedy)")
+  top_k = c.sampling.top_k
+  if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
+    raise ValueError(f"config.sampling.top_k={top_k!r}; expected an integer >= 0 (0: off)")
   for field in ("sampling.top_p", "eval.top_p"):
     group, name = field.split(".")
     value = c[group][name]
@@ -162,9 +197,12 @@ def build(c: ml_collections.ConfigDict) -> Built:
                      f"{'one agent' if len(spec.agents) == 1 else 'per_role=False'}; use "
                      "kind='shared' or set config.policy.per_role=True")
   _check_team(c, spec)
-  if len(c.train.mesh) != 3:
-    raise ValueError(f"config.train.mesh={tuple(c.train.mesh)}; expected (data, fsdp, tensor) "
-                     "sizes, -1 for 'all remaining devices'")
+  mesh = tuple(c.train.mesh)
+  sizes_ok = all(isinstance(s, int) and not isinstance(s, bool) and (s >= 1 or s == -1)
+                 for s in mesh)
+  if len(mesh) != 3 or not sizes_ok:
+    raise ValueError(f"config.train.mesh={mesh}; expected (data, fsdp, tensor) sizes, integers "
+                     ">= 1 or -1 for 'all remaining devices'")
   return Built(advantage=_dataclass(AdvantageConfig, c.algo, "algo"),
                loss=_dataclass(LossConfig, c.loss, "loss"),
                optim=_dataclass(OptimConfig, c.optim, "optim"),
@@ -207,6 +245,7 @@ def _check_team(c: ml_collections.ConfigDict, spec: WorkflowSpec) -> None:
                      f"config.loss.policy_loss='ppo' (got {c.loss.policy_loss!r})")
 
 
+@_user_errors
 def mesh_shape(requested: tuple[int, int, int], num_devices: int) -> tuple[int, int, int]:
   """Resolves one -1 entry of (data, fsdp, tensor) to the devices left over."""
   sizes = list(requested)
@@ -219,5 +258,6 @@ def mesh_shape(requested: tuple[int, int, int], num_devices: int) -> tuple[int, 
     sizes[sizes.index(-1)] = num_devices // known
   if sizes[0] * sizes[1] * sizes[2] != num_devices:
     raise ValueError(f"config.train.mesh={tuple(requested)} does not multiply to the "
-                     f"{num_devices} available devices")
+                     f"{num_devices} available devices; expected sizes whose product is "
+                     f"{num_devices} (or -1 for one of them)")
   return tuple(sizes)

@@ -39,7 +39,7 @@ from marl_jax.parallel import mesh as mesh_lib
 from marl_jax.parallel.train_step import TrainConfig, make_train_step
 from marl_jax.sampling.params import SamplingParams
 from marl_jax.sandbox import runner as sandbox
-from marl_jax.training import evaluation, plots, progress
+from marl_jax.training import evaluation, plots, preflight, progress
 from marl_jax.training import config as config_lib
 from marl_jax.training.checkpoint import Checkpointer
 from marl_jax.training.llm_policy import LLMPolicy
@@ -125,7 +125,7 @@ class Run:
   """One configured training run: model, team, workflow, train step and bookkeeping."""
 
   def __init__(self, c: ml_collections.ConfigDict, workdir: str):
-    built = config_lib.build(c)  # every config error surfaces here, before loading anything
+    built = preflight.check(c, workdir)  # every input error surfaces here, before any loading
     sandbox.require_isolation(c.rollout.allow_unsandboxed)  # refuses or warns before the model
     self.c, self.workdir = c, workdir
     self.is_main = jax.process_index() == 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import math
 import os
 import pathlib
 import subprocess
@@ -165,6 +166,10 @@ def test_minimal_trace_is_valid():
     (lambda t: t["rewards"].update(team="high"), "$.rewards.team", "not of type 'number'"),
     (lambda t: t.update(topology="star"), "$.topology", "'star' is not one of"),
     (lambda t: t.update(trace_id=""), "$.trace_id", "should be non-empty"),
+    (lambda t: t["rewards"].update(team=json.loads("1e999")), "$.rewards.team", "non-finite"),
+    (lambda t: t["costs"].update(gpu_s=float("nan")), "$.costs.gpu_s", "non-finite"),
+    (lambda t: t["events"][1].update(custom=[1, -math.inf]), "$.events[1].custom[1]",
+     "non-finite"),
 ])
 def test_invalid_traces_are_rejected(mutate, path, words):
   trace = _minimal()
@@ -334,3 +339,33 @@ def test_cli(trace_file, toy_dir, tmp_path):
       unknown.stderr
   assert _cli("--help", toy_dir=toy_dir).returncode == 0
   assert _cli("frobnicate", toy_dir=toy_dir).returncode == 2
+
+
+def test_cli_one_line_errors_for_damaged_files(trace_file, toy_dir, tmp_path):
+  lines = trace_file.read_text(encoding="utf-8").splitlines()
+  # A reward of 1e999 is read by Python's json as infinity; validate must refuse it.
+  huge = tmp_path / "huge.jsonl"
+  huge.write_text(lines[0].replace('"team":', '"team":1e999,"was":', 1) + "\n")
+  assert '"team":1e999' in huge.read_text()
+  result = _cli("validate", str(huge), toy_dir=toy_dir)
+  assert result.returncode == 1 and "Traceback" not in result.stderr
+  assert result.stderr == (f"error: {huge}:1: invalid trace 'wc-0': at $.rewards.team: "
+                           "non-finite number; expected a finite number\n")
+  # Invalid UTF-8 on line 2: the file and line are named.
+  broken = tmp_path / "broken.jsonl"
+  broken.write_bytes(lines[0].encode() + b"\n" + b'{"trace_id": "\xff\xfe"}\n')
+  result = _cli("validate", str(broken), toy_dir=toy_dir)
+  assert result.returncode == 1 and "Traceback" not in result.stderr
+  assert result.stderr.startswith(f"error: {broken}:2: not valid UTF-8")
+  assert len(result.stderr.splitlines()) == 1
+  # Replay without the content store blames the missing store, not a replayer.
+  lonely = tmp_path / "lonely.jsonl"
+  lonely.write_text(trace_file.read_text(encoding="utf-8"), encoding="utf-8")
+  result = _cli("replay", str(lonely), "--module", "toy_word_count", toy_dir=toy_dir)
+  assert result.returncode == 1 and result.stdout == ""
+  assert result.stderr == (f"error: {lonely}: its content store {lonely}.content.jsonl is missing; "
+                           "replay recomputes rewards from the stored texts, expected beside the "
+                           "trace file\n")
+  # A directory given as the trace file.
+  result = _cli("stats", str(tmp_path), toy_dir=toy_dir)
+  assert result.stderr == f"error: {tmp_path}: is a directory; expected a JSONL trace file\n"

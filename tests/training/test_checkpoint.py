@@ -1,8 +1,13 @@
-"""Checkpointer: bitwise round trips, keep-last-k, failed writes and SIGKILL-then-resume."""
+"""Checkpointer: bitwise round trips, keep-last-k, failed writes, SIGKILL-then-resume and damaged
+checkpoints (flipped bytes, truncated or missing items)."""
 from __future__ import annotations
 
 import errno
+import hashlib
+import logging
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +23,7 @@ import pytest
 
 from marl_jax.training import checkpoint
 from marl_jax.training.checkpoint import Checkpointer, CheckpointWriteError
+from marl_jax.training.checkpoint_integrity import CheckpointDamagedError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -255,3 +261,120 @@ def test_checkpointer_from_config(tmp_path):
   assert str(ckpt.directory) == str(tmp_path / checkpoint.CHECKPOINT_DIR)
   assert not ckpt.save(4, {"w": jnp.zeros(1)}, {})
   assert ckpt.save(5, {"w": jnp.zeros(1)}, {})
+
+
+# ------------------------------------------------------------------------------ damaged checkpoints
+
+def _three_steps(directory: Path) -> dict[int, dict]:
+  """Steps 1..3 of distinct states (big enough that the arrays fill a data file of their own)."""
+  states = {}
+  ckpt = Checkpointer(directory, max_to_keep=3)
+  for step in (1, 2, 3):
+    rng = np.random.default_rng(step)
+    states[step] = {"w": jnp.asarray(rng.normal(size=(64, 64)), jnp.float32),
+                    "b": jnp.asarray(rng.integers(0, 9, size=(7,)), jnp.int32)}
+    ckpt.save(step, states[step], {"cursor": step})
+  ckpt.close()
+  return states
+
+
+def _tree_digest(directory: Path) -> dict[str, str]:
+  return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+          for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def _largest_data_file(step_dir: Path) -> Path:
+  return max((p for p in (step_dir / "state").rglob("*") if p.is_file()),
+             key=lambda p: p.stat().st_size)
+
+
+def _flip_bytes(step_dir: Path) -> None:
+  path = _largest_data_file(step_dir)
+  data = bytearray(path.read_bytes())
+  middle = len(data) // 2
+  for i in range(middle, middle + 64):
+    data[i] ^= 0xFF
+  path.write_bytes(bytes(data))
+
+
+def _truncate(step_dir: Path) -> None:
+  path = _largest_data_file(step_dir)
+  path.write_bytes(path.read_bytes()[:path.stat().st_size // 3])
+
+
+def _delete_state_item(step_dir: Path) -> None:
+  shutil.rmtree(step_dir / "state")
+
+
+def _delete_host_item(step_dir: Path) -> None:
+  shutil.rmtree(step_dir / "host")
+
+
+@pytest.mark.parametrize("damage, why", [
+    (_flip_bytes, r"1 state array\(s\) do not match their saved checksums \(w\)"),
+    (_truncate, r"its items cannot be read"),
+    (_delete_state_item, r"its items cannot be read"),
+    (_delete_host_item, r"its items cannot be read"),
+])
+def test_damaged_latest_step_falls_back_to_newest_intact_one(tmp_path, caplog, damage, why):
+  states = _three_steps(tmp_path)
+  damage(tmp_path / "3")
+  damaged_files = _tree_digest(tmp_path / "3")
+  target = {"w": jnp.zeros((64, 64), jnp.float32), "b": jnp.zeros((7,), jnp.int32)}
+
+  with caplog.at_level(logging.WARNING):
+    restored = Checkpointer(tmp_path).restore_or_init(target, {"cursor": 0})
+
+  assert restored.step == 2 and restored.host_state == {"cursor": 2}
+  _assert_bitwise_equal(states[2], restored.state)
+  warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+              and "checkpoint step" in r.getMessage()]
+  assert len(warnings) == 1 and "\n" not in warnings[0], warnings
+  assert re.fullmatch(rf"skipping checkpoint step 3: {why}.*; kept it aside as "
+                      rf"{re.escape(str(tmp_path / '3.damaged'))}", warnings[0]), warnings[0]
+  # Kept aside untouched, never deleted; orbax no longer lists it.
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2", "3.damaged"]
+  assert Checkpointer(tmp_path).all_steps() == [1, 2]  # a restarted run: orbax leaves it alone
+  assert _tree_digest(tmp_path / "3.damaged") == damaged_files
+
+
+def test_two_damaged_steps_fall_back_twice_and_keep_both_aside(tmp_path, caplog):
+  states = _three_steps(tmp_path)
+  _flip_bytes(tmp_path / "3")
+  _truncate(tmp_path / "2")
+  with caplog.at_level(logging.WARNING):
+    restored = Checkpointer(tmp_path).restore(target=states[1])
+  assert restored.step == 1
+  _assert_bitwise_equal(states[1], restored.state)
+  skipped = [r.getMessage().split(":")[0] for r in caplog.records
+             if "skipping checkpoint" in r.getMessage()]
+  assert skipped == ["skipping checkpoint step 3", "skipping checkpoint step 2"]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2.damaged", "3.damaged"]
+
+
+def test_every_step_damaged_raises_one_line(tmp_path):
+  _three_steps(tmp_path)
+  for step in (1, 2, 3):
+    _flip_bytes(tmp_path / str(step))
+  with pytest.raises(CheckpointDamagedError, match=r"every checkpoint in .* is damaged "
+                     r"\(steps \[1, 2, 3\]"):
+    Checkpointer(tmp_path).restore_or_init({"w": jnp.zeros((64, 64)), "b": jnp.zeros(7, jnp.int32)},
+                                           {"cursor": 0})
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["1.damaged", "2.damaged", "3.damaged"]
+
+
+def test_explicit_damaged_step_raises_and_is_left_in_place(tmp_path):
+  _three_steps(tmp_path)
+  _flip_bytes(tmp_path / "2")
+  with pytest.raises(CheckpointDamagedError, match="do not match their saved checksums"):
+    Checkpointer(tmp_path).restore(2)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2", "3"]
+
+
+def test_target_mismatch_is_not_damage(tmp_path):
+  """A changed state layout must fail loudly, never rename intact checkpoints aside."""
+  _three_steps(tmp_path)
+  with pytest.raises(Exception) as raised:
+    Checkpointer(tmp_path).restore(target={"w": jnp.zeros((32, 64)), "b": jnp.zeros(7, jnp.int32)})
+  assert not isinstance(raised.value, CheckpointDamagedError)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2", "3"]

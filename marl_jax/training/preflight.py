@@ -1,0 +1,47 @@
+"""Checks of a run's inputs that need no model: the config, the device mesh, the workdir and the
+datasets the env kwargs name.
+
+`check` runs first thing in `trainer.Run`, so a bad value stops a run with one line
+(`UserInputError`) in seconds instead of a traceback after the model has loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+
+import jax
+import ml_collections
+
+from marl_jax.errors import UserInputError
+from marl_jax.training import config as config_lib
+from marl_jax.workflows import registry
+
+
+def check(c: ml_collections.ConfigDict, workdir: str) -> config_lib.Built:
+  """Everything about the run's inputs that can be checked before loading; returns the built
+  config. Raises UserInputError naming the bad value."""
+  built = config_lib.build(c)
+  config_lib.mesh_shape(tuple(c.train.mesh), jax.device_count())
+  check_workdir(workdir)
+  # Problem 0 reads (and caches) every local dataset the env kwargs name.
+  registry.problem_kwargs(c.env.name, c.env.workflow, c.env.max_turns, 0, c.env.kwargs.to_dict())
+  return built
+
+
+def check_workdir(workdir: str | os.PathLike[str]) -> None:
+  """The workdir is, or can be created as, a directory this process can write."""
+  if not str(workdir):
+    raise UserInputError("workdir is empty; expected a directory path")
+  path = pathlib.Path(workdir)
+  if path.exists() and not path.is_dir():
+    raise UserInputError(f"workdir {str(workdir)!r} is a file; expected a directory (existing or "
+                         "to be created) for checkpoints, metrics and traces")
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=path):
+      pass
+  except OSError as e:
+    raise UserInputError(f"workdir {str(workdir)!r} is not writable ({e.strerror}); expected a "
+                         "directory this user can create and write") from None

@@ -1,0 +1,114 @@
+"""Every entry point ends bad input in ONE `error: ...` line (non-zero exit, no traceback), and
+before any model loads where the bad value is known before loading.
+
+"Before loading" is shown without timing: the configs name an existing but empty model directory,
+which passes the config check and would fail loading with a different error, so a run that reports
+our line instead never reached the loader.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GAME = "--config=configs/atgrpo_plan_path.py:mas_shared,cpu"
+MATH = "--config=configs/drmas_math.py:cpu"
+
+
+def run(module: str, *args: str) -> subprocess.CompletedProcess:
+  env = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  return subprocess.run([sys.executable, "-m", f"experiments.{module}", *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=300, env=env)
+
+
+def error_line(result: subprocess.CompletedProcess, *needles: str) -> str:
+  """The single `error:` line; asserts the exit status, no traceback and that it names `needles`."""
+  assert result.returncode != 0, result
+  assert "Traceback" not in result.stderr, result.stderr
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+  assert len(errors) == 1, result.stderr
+  assert result.stderr.strip().splitlines()[-1] == errors[0], result.stderr  # nothing after it
+  for needle in needles:
+    assert needle in errors[0], errors[0]
+  return errors[0]
+
+
+@pytest.fixture
+def empty_model(tmp_path) -> str:
+  path = tmp_path / "empty_model"
+  path.mkdir()
+  return f"--config.model={path}"
+
+
+# ------------------------------------------------------------------------------ flags and configs
+
+@pytest.mark.parametrize("module", ["train", "evaluate"])
+def test_config_flag_errors(module, tmp_path):
+  workdir = f"--workdir={tmp_path / 'run'}"
+  error_line(run(module, GAME, workdir, "--config.train.stepz=3"),
+             "--config.train.stepz", "'stepz'", 'Did you mean "steps"')
+  error_line(run(module, "--config=configs/atgrpo_plan_path.py:nopreset", workdir),
+             "nopreset", "unknown option 'nopreset'")
+  error_line(run(module, "--config=configs/no_such_file.py", workdir),
+             "configs/no_such_file.py", "expected configs/NAME.py[:PRESET]")
+  error_line(run(module, GAME, workdir, "--config.train.steps=abc"), "--config.train.steps=abc")
+
+
+def test_train_bad_values_stop_before_the_model_loads(tmp_path, empty_model):
+  workdir = f"--workdir={tmp_path / 'run'}"
+  error_line(run("train", GAME, workdir, empty_model, "--config.rollout.tool_timeout_s=-1"),
+             "config.rollout.tool_timeout_s=-1.0", "expected a finite number > 0")
+  error_line(run("train", GAME, workdir, empty_model, "--config.rollout.tool_memory_mb=0"),
+             "config.rollout.tool_memory_mb=0", "expected a finite number > 0")
+  error_line(run("train", GAME, workdir, empty_model, "--config.train.mesh=(16,1,1)"),
+             "config.train.mesh=(16, 1, 1)", "8 available devices")
+  a_file = tmp_path / "a_file"
+  a_file.write_text("x")
+  error_line(run("train", GAME, f"--workdir={a_file}", empty_model),
+             f"workdir '{a_file}' is a file", "expected a directory")
+  error_line(run("train", GAME, f"--workdir={a_file}/run", empty_model),
+             f"workdir '{a_file}/run' is not writable", "expected a directory")
+
+
+def test_train_bad_datasets_name_file_and_line(tmp_path, empty_model):
+  workdir = f"--workdir={tmp_path / 'run'}"
+  directory = tmp_path / "rows.jsonl"
+  directory.mkdir()
+  error_line(run("train", MATH, workdir, empty_model, f"--config.env.kwargs.path={directory}"),
+             f"data file '{directory}' is a directory", "expected a .jsonl file")
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"question": "1+1", "answer": "2"}\n\n{"question": oops}\n')
+  error_line(run("train", MATH, workdir, empty_model, f"--config.env.kwargs.path={bad}"),
+             f"{bad}:3: not valid JSON")
+
+
+def test_evaluate_missing_checkpoint_and_eval_only_train(tmp_path, empty_model):
+  error_line(run("evaluate", GAME, f"--workdir={tmp_path / 'run'}", empty_model, "--checkpoint=5"),
+             "--checkpoint=5", "no such checkpoint", "[]")
+  error_line(run("train", "--config=configs/atgrpo_plan_path.py:mas_norl,cpu",
+                 f"--workdir={tmp_path / 'run'}"), "evaluation-only", "experiments.evaluate")
+
+
+# ------------------------------------------------------------------------------ other entry points
+
+@pytest.mark.parametrize("prompt", ["", "   "])
+def test_generate_refuses_an_empty_prompt(prompt):
+  error_line(run("generate", f"--prompt={prompt}", "--model=/no/such/model"), "--prompt=",
+             "is empty", "expected the user message text")
+
+
+def test_reproduce_bad_flags_and_rows(tmp_path):
+  error_line(run("reproduce", f"--root={tmp_path}", "--rows=bogus"), "--rows", "['bogus']",
+             "expected a subset of")
+  a_file = tmp_path / "a_file"
+  a_file.write_text("x")
+  error_line(run("reproduce", f"--root={a_file}"), f"--root='{a_file}' is a file")
+  # A row's config is checked before its model loads.
+  error_line(run("reproduce", f"--root={tmp_path / 'repro'}", "--rows=mas_shared",
+                 "--games=plan_path", "--model=/no/such/model"),
+             "config.model='/no/such/model'", "neither a known preset")

@@ -1,0 +1,101 @@
+"""Run-input checks before any model loads: config.build's value checks, the mesh against the
+devices, the workdir and the datasets (training/preflight.py)."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import pytest
+
+from marl_jax.errors import UserInputError
+from marl_jax.training import config as config_lib
+from marl_jax.training import preflight
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("rollout.tool_timeout_s", -1.0, "config.rollout.tool_timeout_s=-1.0; expected a finite "
+     "number > 0"),
+    ("rollout.tool_timeout_s", 0.0, "config.rollout.tool_timeout_s=0.0; expected a finite"),
+    ("rollout.tool_timeout_s", float("inf"), "config.rollout.tool_timeout_s=inf; expected a"),
+    ("rollout.tool_memory_mb", 0, "config.rollout.tool_memory_mb=0; expected a finite number > 0"),
+    ("rollout.tool_memory_mb", -5, "config.rollout.tool_memory_mb=-5; expected"),
+    ("sampling.temperature", -0.5, "config.sampling.temperature=-0.5; expected a finite number "
+     ">= 0"),
+    ("eval.temperature", float("nan"), "config.eval.temperature=nan; expected"),
+    ("sampling.top_k", -1, "config.sampling.top_k=-1; expected an integer >= 0"),
+    ("train.mesh", (2, 0, 1), "config.train.mesh=(2, 0, 1); expected (data, fsdp, tensor) sizes"),
+    ("train.mesh", (2, 2), "config.train.mesh=(2, 2); expected"),
+])
+def test_build_refuses_bad_values_in_one_line(field, value, expected):
+  c = config_lib.base_config()
+  group, name = field.split(".")
+  with c.unlocked():
+    c[group][name] = value
+  with pytest.raises(UserInputError) as raised:
+    config_lib.build(c)
+  assert str(raised.value).startswith(expected), str(raised.value)
+  assert "\n" not in str(raised.value)
+
+
+def test_build_accepts_the_boundary_values():
+  c = config_lib.base_config()
+  c.rollout.tool_timeout_s, c.rollout.tool_memory_mb = 0.001, 1
+  c.sampling.temperature, c.eval.temperature, c.sampling.top_k = 0.0, 0.0, 0
+  c.train.mesh = (-1, 2, 1)
+  config_lib.build(c)
+
+
+def test_every_build_error_is_a_user_input_error():
+  """The dataclasses' own ValueErrors (e.g. an unknown estimator) come out as UserInputError."""
+  c = config_lib.base_config()
+  c.algo.estimator = "nope"
+  with pytest.raises(UserInputError, match="config.algo: .*'nope'"):
+    config_lib.build(c)
+
+
+def test_mesh_larger_than_the_devices():
+  assert jax.device_count() == 8
+  assert config_lib.mesh_shape((-1, 2, 1), 8) == (4, 2, 1)
+  with pytest.raises(UserInputError, match=r"mesh=\(16, 1, 1\) does not multiply to the 8 "
+                     r"available devices; expected sizes whose product is 8"):
+    config_lib.mesh_shape((16, 1, 1), 8)
+  with pytest.raises(UserInputError, match="at most one -1"):
+    config_lib.mesh_shape((-1, -1, 1), 8)
+
+
+def test_check_workdir(tmp_path):
+  preflight.check_workdir(tmp_path / "new" / "run")  # created
+  assert (tmp_path / "new" / "run").is_dir() and not list((tmp_path / "new" / "run").iterdir())
+  a_file = tmp_path / "file"
+  a_file.write_text("x")
+  with pytest.raises(UserInputError, match=f"workdir '{a_file}' is a file; expected a directory"):
+    preflight.check_workdir(a_file)
+  with pytest.raises(UserInputError, match=f"workdir '{a_file}/run' is not writable"):
+    preflight.check_workdir(a_file / "run")
+  with pytest.raises(UserInputError, match="workdir is empty"):
+    preflight.check_workdir("")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_check_workdir_read_only(tmp_path):
+  read_only = tmp_path / "ro"
+  read_only.mkdir()
+  read_only.chmod(0o500)
+  try:
+    with pytest.raises(UserInputError, match="is not writable .*Permission denied"):
+      preflight.check_workdir(read_only)
+  finally:
+    read_only.chmod(0o700)
+
+
+def test_check_reads_the_datasets_before_loading(tmp_path):
+  c = config_lib.base_config()
+  c.env.name, c.env.workflow, c.env.max_turns = "math", "atgrpo", 2
+  with c.unlocked():
+    c.env.kwargs.path = str(tmp_path / "rows.jsonl")
+  (tmp_path / "rows.jsonl").write_text('{"question": "1+1", "answer": "2"}\n[oops\n')
+  with pytest.raises(UserInputError, match=r"rows.jsonl:2: not valid JSON"):
+    preflight.check(c, str(tmp_path / "run"))
+  (tmp_path / "rows.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
+  assert preflight.check(c, str(tmp_path / "run")).advantage.estimator == "at_grpo"
