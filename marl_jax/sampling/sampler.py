@@ -12,15 +12,17 @@ the U distinct (prompt, LoRA policy) pairs on the host and the core prefills onl
 broadcasting their KV caches to the rows (`decode.py`); outputs are the same as prefilling every
 row, and row b still draws with `fold_in(key, b)`, b its index in `prompts`.
 
-Shapes and compiles. Rows B and distinct prompts U round up to a multiple of
-`Buckets.row_multiple`, the prompt width to a multiple of `Buckets.prompt_block` (not a power of
-two: a 270-token prompt pads to 320, not 512), new-token slots to a multiple of
+Shapes and compiles. Rows B and distinct prompts U round up to a power of two below
+`Buckets.row_multiple` and to a multiple of it above (`round_rows`: a lone prompt is not
+prefilled 8 times), the prompt width to a multiple of `Buckets.prompt_block` (not a power of two:
+a 270-token prompt pads to 320, not 512), new-token slots to a multiple of
 `Buckets.new_token_multiple`, stop ids to a power of two. `Sampler.num_compiles` counts compiled
 programs: at most one per distinct (U bucket, B bucket, width bucket, new-slot bucket, stop
 bucket, variant), the variant being greedy / sampling / truncated sampling. So with at most R
 rows, prompts of at most P tokens and one `max_new_tokens`, a run compiles at most
-n (n + 1) / 2 * ceil(P / prompt_block) * 3 programs, n = ceil(R / row_multiple), times the
-stop-bucket count (one in practice); knobs and params never recompile.
+n (n + 1) / 2 * ceil(P / prompt_block) * 3 programs, n = log2(row_multiple) +
+ceil(R / row_multiple) row buckets (U <= B), times the stop-bucket count (one in practice);
+knobs and params never recompile.
 
 What a `Completion` holds:
   * `tokens` / `logprobs`: the generated tokens and, for each, log_softmax(logits / T) at the token,
@@ -85,11 +87,17 @@ def round_up(n: int, multiple: int) -> int:
   return -(-max(n, 1) // multiple) * multiple
 
 
+def round_rows(n: int, multiple: int) -> int:
+  """Row buckets: powers of two below `multiple`, then multiples of it (1, 2, 4, 8, 16, 24, ...
+  for 8), so a group of one prompt is not prefilled 8 times."""
+  return bucket(n, 1) if n < multiple else round_up(n, multiple)
+
+
 @dataclasses.dataclass(frozen=True)
 class Buckets:
   """Padded sizes: each axis rounds up to a multiple (stop ids: a power of two)."""
 
-  row_multiple: int = 8  # rows B and distinct prompts U
+  row_multiple: int = 8  # rows B and distinct prompts U (powers of two below it)
   prompt_block: int = 64  # prompt width
   new_token_multiple: int = 16  # new-token slots
   min_stop_ids: int = 4
@@ -166,6 +174,8 @@ class Sampler:
     if not prompts:
       raise ValueError("prompts is empty; expected at least one prompt")
     ids = self.encode(prompts)
+    if sampling.top_k >= self.config.vocab_size:  # keeps every token: no truncation
+      sampling = sampling.replace(top_k=0)
     self._check(ids, sampling)
     n_rows = len(ids)
     policy_ids = None
@@ -181,9 +191,8 @@ class Sampler:
     stop = self._stop_token_ids(sampling)
     stop_ids = np.full((bucket(len(stop), b.min_stop_ids),), -1, np.int32)
     stop_ids[:len(stop)] = stop
-    top_k = sampling.top_k if sampling.top_k < self.config.vocab_size else 0
     knobs = Knobs(temperature=jnp.float32(sampling.logprob_temperature),
-                  top_k=jnp.int32(top_k), top_p=jnp.float32(sampling.top_p))
+                  top_k=jnp.int32(sampling.top_k), top_p=jnp.float32(sampling.top_p))
     out = self._generate(params, tokens, mask, group, key, knobs, stop_ids,
                          jnp.int32(sampling.max_new_tokens), adapters,
                          new_slots=round_up(sampling.max_new_tokens, b.new_token_multiple),
@@ -201,7 +210,7 @@ class Sampler:
             f"prompt {i} has {len(row)} tokens; with max_new_tokens={sampling.max_new_tokens} "
             f"it needs {len(row) + sampling.max_new_tokens} positions but the model's context "
             f"is {context}")
-    if sampling.truncates and self.top_candidates < sampling.top_k < self.config.vocab_size:
+    if sampling.truncates and sampling.top_k > self.top_candidates:
       raise ValueError(f"top_k={sampling.top_k} exceeds the Sampler's top_candidates="
                        f"{self.top_candidates}; expected top_k <= top_candidates (or raise it)")
 
@@ -218,14 +227,14 @@ class Sampler:
         firsts.append(i)
       group.append(index[identity])
     b = self.buckets
-    n_unique = round_up(len(index), b.row_multiple)
+    n_unique = round_rows(len(index), b.row_multiple)
     width = round_up(max(len(row) for row in ids), b.prompt_block)
     tokens = np.full((n_unique, width), self.pad_id, np.int32)
     mask = np.zeros((n_unique, width), bool)
     for u, i in enumerate(firsts):
       tokens[u, width - len(ids[i]):] = ids[i]
       mask[u, width - len(ids[i]):] = True
-    rows = np.full((round_up(len(ids), b.row_multiple),), -1, np.int32)
+    rows = np.full((round_rows(len(ids), b.row_multiple),), -1, np.int32)
     rows[:len(ids)] = group
     prompt_policy = None
     if policy_ids is not None:

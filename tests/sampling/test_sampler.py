@@ -20,7 +20,7 @@ from marl_jax.models import decoder
 from marl_jax.models.config import get_preset
 from marl_jax.sampling.params import SamplingParams
 from marl_jax.sampling.decode import block_spans
-from marl_jax.sampling.sampler import Buckets, Sampler, bucket, round_up
+from marl_jax.sampling.sampler import Buckets, Sampler, bucket, round_rows, round_up
 
 CONFIG = get_preset("tiny-llama")
 TEACHER_WIDTH = 64  # longest prompt + completion the tests teacher-force
@@ -93,6 +93,7 @@ def test_bucket_rounds_up_to_powers_of_two():
 def test_round_up_to_block_multiples():
   assert [round_up(n, 64) for n in (0, 1, 64, 65, 270, 512)] == [64, 64, 64, 128, 320, 512]
   assert [round_up(n, 8) for n in (1, 8, 9, 17)] == [8, 8, 16, 24]
+  assert [round_rows(n, 8) for n in (1, 2, 3, 5, 8, 9, 17)] == [1, 2, 4, 8, 8, 16, 24]
 
 
 def test_block_spans():
@@ -340,27 +341,31 @@ def test_bucketing_bounds_recompiles(params):
                                             new_token_multiple=8))
   rng = np.random.default_rng(0)
   other = decoder.init_params(CONFIG, jax.random.key(1), scale=0.5)
-  for i in range(12):  # 1..4 rows (repeats too), prompts of 1..16 tokens, 1..8 new tokens
-    distinct = [rng.integers(0, 256, rng.integers(1, 17)).tolist() for _ in range(4)]
-    prompts = [distinct[j] for j in rng.integers(0, 4, rng.integers(1, 5))]
+  for i in range(12):  # 3..4 rows (3..4 distinct), prompts of 1..16 tokens, 1..8 new tokens
+    prompts = [rng.integers(0, 256, rng.integers(1, 17)).tolist() for _ in range(4)]
+    prompts = prompts[:3] + [prompts[rng.integers(0, 4)]]
     sampling = SamplingParams(max_new_tokens=int(rng.integers(1, 9)),
                               temperature=float(rng.uniform(0.5, 1.5)),
                               stop_token_ids=tuple(rng.integers(0, 256, rng.integers(0, 4))))
-    sampler.generate(params if i % 2 else other, prompts, sampling, jax.random.key(i))
+    sampler.generate(params if i % 2 else other, prompts[:3 + i % 2], sampling,
+                     jax.random.key(i))
   assert sampler.num_compiles == 1
   sampler.generate(params, [[1]] * 5, SamplingParams(max_new_tokens=4), jax.random.key(0))
-  assert sampler.num_compiles == 2  # 5 rows -> 8, still one distinct prompt -> 4
-  sampler.generate(params, [[1]] * 3 + [[2]] * 2, SamplingParams(max_new_tokens=4),
-                   jax.random.key(0))
-  assert sampler.num_compiles == 2  # two distinct prompts: the same buckets
+  assert sampler.num_compiles == 2  # 5 rows -> 8, one distinct prompt -> 1
+  sampler.generate(params, [[1]] * 7, SamplingParams(max_new_tokens=4), jax.random.key(0))
+  assert sampler.num_compiles == 2
   sampler.generate(params, [[i] for i in range(5)], SamplingParams(max_new_tokens=4),
                    jax.random.key(0))
   assert sampler.num_compiles == 3  # 5 distinct prompts -> 8
-  sampler.generate(params, [[1] * 17], SamplingParams(max_new_tokens=4), jax.random.key(0))
+  sampler.generate(params, [[i] for i in range(7)] + [[0]], SamplingParams(max_new_tokens=4),
+                   jax.random.key(0))
+  assert sampler.num_compiles == 3
+  sampler.generate(params, [[1] * 17] * 5, SamplingParams(max_new_tokens=4), jax.random.key(0))
   assert sampler.num_compiles == 4  # width 17 -> 32 (the next multiple of 16)
-  sampler.generate(params, [[1] * 32], SamplingParams(max_new_tokens=4), jax.random.key(0))
+  sampler.generate(params, [[1] * 32] * 5, SamplingParams(max_new_tokens=4), jax.random.key(0))
   assert sampler.num_compiles == 4
-  sampler.generate(params, [[1]], SamplingParams(max_new_tokens=4, top_p=0.9), jax.random.key(0))
+  sampler.generate(params, [[1]] * 5, SamplingParams(max_new_tokens=4, top_p=0.9),
+                   jax.random.key(0))
   assert sampler.num_compiles == 5  # the truncating variant
 
 
@@ -409,9 +414,9 @@ def test_greedy_matches_transformers_generate_on_smollm2(smollm2, torch_smollm2)
   ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": m}])) for m in CHAT]
   assert len({len(i) for i in ids}) == len(ids)  # prompts of different lengths...
   assert max(map(len, ids)) <= 64  # ...all in one 64-token bucket
-  out = Sampler(smollm2.config, tok, Buckets(row_multiple=4)).generate(
-      smollm2.params, ids, SamplingParams(max_new_tokens=32, temperature=0.0, stop_token_ids=()),
-      jax.random.key(0))
+  out = Sampler(smollm2.config, tok, Buckets(row_multiple=4)).generate(  # + a shared prompt
+      smollm2.params, ids + [ids[1]],
+      SamplingParams(max_new_tokens=32, temperature=0.0, stop_token_ids=()), jax.random.key(0))
   width = max(map(len, ids))  # transformers gets the same left-padded batch
   inputs = torch.tensor([[tok.pad_id] * (width - len(i)) + i for i in ids])
   mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
@@ -425,5 +430,6 @@ def test_greedy_matches_transformers_generate_on_smollm2(smollm2, torch_smollm2)
   finally:
     torch.set_num_threads(threads)
   for i, c in enumerate(out):
+    i %= len(ids)
     assert c.finish_reason == "length" and c.prompt_length == len(ids[i])
     np.testing.assert_array_equal(c.tokens, ref[i], err_msg=f"prompt {i}: {CHAT[i]!r}")
