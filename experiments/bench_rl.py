@@ -13,7 +13,9 @@ the faster counting.
 
 Useful new tokens/s = tokens the rows actually produced (each row up to and including its stop
 token; padding after it excluded) / wall time of one whole call, best of --repeats after a
-warm-up call (JAX compile time is reported separately). Both sides sample, so their lengths
+warm-up call (JAX compile time is reported separately); `useful_row_step_fraction` = useful
+tokens / (rows * longest row), the share of decode row-steps not spent on finished rows. Both
+sides sample, so their lengths
 differ run to run: mean lengths are reported next to the rates. CPU load averages are included
 because other processes on the machine distort the figures.
 """
@@ -78,8 +80,10 @@ def bench_jax(model, prompts, group: int, repeats: int, compile_log: list[float]
   first = time.perf_counter() - start
   seconds, out = best_time(run, repeats)
   useful = sum(len(c.tokens) for c in out)
+  longest = max(len(c.tokens) for c in out)
   return {"share_prompts": share_prompts, "seconds": seconds, "useful_tokens": useful,
           "useful_tokens_per_s": useful / seconds, "mean_length": useful / len(out),
+          "max_length": longest, "useful_row_step_fraction": useful / (len(out) * longest),
           "stopped": sum(c.finish_reason != "length" for c in out), "first_call_s": first,
           "compile_s": sum(compile_log[compiles_before:])}
 

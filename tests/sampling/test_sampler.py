@@ -429,7 +429,6 @@ def test_greedy_matches_transformers_generate_on_smollm2(smollm2, torch_smollm2)
                                    eos_token_id=None)[:, width:].numpy()
   finally:
     torch.set_num_threads(threads)
-  for i, c in enumerate(out):
-    i %= len(ids)
+  for i, c in zip(list(range(len(ids))) + [1], out):
     assert c.finish_reason == "length" and c.prompt_length == len(ids[i])
     np.testing.assert_array_equal(c.tokens, ref[i], err_msg=f"prompt {i}: {CHAT[i]!r}")
