@@ -15,9 +15,8 @@ Useful new tokens/s = tokens the rows actually produced (each row up to and incl
 token; padding after it excluded) / wall time of one whole call, best of --repeats after a
 warm-up call (JAX compile time is reported separately); `useful_row_step_fraction` = useful
 tokens / (rows * longest row), the share of decode row-steps not spent on finished rows. Both
-sides sample, so their lengths
-differ run to run: mean lengths are reported next to the rates. CPU load averages are included
-because other processes on the machine distort the figures.
+sides sample, so their lengths differ run to run: mean lengths are reported next to the rates.
+CPU load averages are included because other processes on the machine distort the figures.
 """
 
 from __future__ import annotations

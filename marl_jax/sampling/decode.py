@@ -12,7 +12,11 @@ stop ids, ...): it is what the host `Sampler` jits.
     Python loop of static shapes: block j attends over a cache of Tp + (j + 1) * block slots (the
     cache grows by `block` empty slots between blocks), so early steps do not read the empty
     tail of a Tp + new_slots cache. Blocks that start after every row finished run zero steps.
-    The price is one compiled loop body per block (compile time, not compile count).
+    The price is one compiled loop body per block (compile time, not compile count). It pays on
+    CPU: one SmolLM2-135M decode step over a 320-token prompt took 0.48 s with a 384-slot cache
+    vs 0.77 s with 576 slots at B = 8, and 1.77 s vs 2.80 s at B = 32 (min of 10-15 interleaved
+    steps on a 2-core machine under heavy load from other jobs, so the absolute numbers are
+    inflated; the ratio is what matters).
 
 Conventions:
   * Prompts are left-padded. `group[b] = -1` marks batch padding: such a row counts as finished
