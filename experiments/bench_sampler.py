@@ -22,6 +22,8 @@ import time
 
 from absl import app, flags, logging
 
+from experiments.bench_common import best_time, compile_seconds_log, load_torch_reference
+
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["8", "64"], "Batch sizes to measure.")
 _PROMPT_TOKENS = flags.DEFINE_integer(
     "prompt_tokens", 64, "Longest prompt in tokens; prompts spread over its last 1/8.")
@@ -50,15 +52,6 @@ def make_prompts(tokenizer, batch: int, max_tokens: int) -> list[list[int]]:
       raise ValueError(f"--prompt_tokens={max_tokens} is shorter than the chat template")
     prompts.append(ids)
   return prompts
-
-
-def best_time(fn, repeats: int) -> tuple[float, object]:
-  best, out = float("inf"), None
-  for _ in range(repeats):
-    start = time.perf_counter()
-    out = fn()
-    best = min(best, time.perf_counter() - start)
-  return best, out
 
 
 def bench_jax(model, prompts, new_tokens: int, repeats: int, compile_log: list[float]) -> dict:
@@ -106,23 +99,15 @@ def main(argv):
   import jax
   import transformers
 
-  from marl_jax.models.loading import embedded_gguf_path, load_model
+  from marl_jax.models.loading import load_model
 
   logging.set_verbosity(logging.WARNING)
   transformers.logging.set_verbosity_error()
   transformers.logging.disable_progress_bar()
-  compile_log: list[float] = []  # seconds of every XLA compilation in this process
-  jax.monitoring.register_event_duration_secs_listener(
-      lambda event, secs, **_: compile_log.append(secs)
-      if event == "/jax/core/compile/backend_compile_duration" else None)
+  compile_log = compile_seconds_log()
   cores = os.cpu_count()
   model = load_model("smollm2-135m-instruct")
-  torch_model = None
-  if _TORCH.value:
-    import torch
-    path = embedded_gguf_path()
-    torch_model = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+  torch_model = load_torch_reference() if _TORCH.value else None
   report = {"model": "smollm2-135m-instruct (GGUF Q4_1 dequantised to fp32)",
             "cpu": platform.processor() or platform.machine(), "cores": cores,
             "jax": jax.__version__, "transformers": transformers.__version__,

@@ -3,7 +3,7 @@
 The numeric knobs (temperature, top_p, top_k) reach the jitted decode loop as traced scalars, so
 changing them between training steps never recompiles; only two derived booleans
 (`greedy`, `truncates`) select between compiled variants, because they decide whether the loop
-needs random numbers at all and whether it must sort the vocabulary.
+needs random numbers at all and whether it must search the top candidates.
 """
 
 from __future__ import annotations

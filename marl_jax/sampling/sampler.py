@@ -1,12 +1,28 @@
-"""Host-side sampler: tokenise, bucket, run the jitted generation core, apply stop strings.
+"""Host-side sampler: tokenise, group identical prompts, bucket, run the jitted core, stop strings.
 
     sampler = Sampler(config, tokenizer)
     completions = sampler.generate(params, prompts, SamplingParams(...), key, adapters=None)
 
 Params are an argument of every call (they change every training step) and never baked into the
-compiled program. Batch size, prompt length, new-token budget and the number of stop ids are each
-rounded up to a power of two (with a minimum, see `Buckets`), so a training run compiles a handful
-of programs; `Sampler.num_compiles` counts them.
+compiled program.
+
+Shared prompts. RL asks for G samples of a prompt (tree branches, independent trajectories at
+their first turn), and the rollout passes them as G equal entries of `prompts`. `generate` finds
+the U distinct (prompt, LoRA policy) pairs on the host and the core prefills only those,
+broadcasting their KV caches to the rows (`decode.py`); outputs are the same as prefilling every
+row, and row b still draws with `fold_in(key, b)`, b its index in `prompts`.
+
+Shapes and compiles. Rows B and distinct prompts U round up to a power of two below
+`Buckets.row_multiple` and to a multiple of it above (`round_rows`: a lone prompt is not
+prefilled 8 times), the prompt width to a multiple of `Buckets.prompt_block` (not a power of two:
+a 270-token prompt pads to 320, not 512), new-token slots to a multiple of
+`Buckets.new_token_multiple`, stop ids to a power of two. `Sampler.num_compiles` counts compiled
+programs: at most one per distinct (U bucket, B bucket, width bucket, new-slot bucket, stop
+bucket, variant), the variant being greedy / sampling / truncated sampling. So with at most R
+rows, prompts of at most P tokens and one `max_new_tokens`, a run compiles at most
+n (n + 1) / 2 * ceil(P / prompt_block) * 3 programs, n = log2(row_multiple) +
+ceil(R / row_multiple) row buckets (U <= B), times the stop-bucket count (one in practice);
+knobs and params never recompile.
 
 What a `Completion` holds:
   * `tokens` / `logprobs`: the generated tokens and, for each, log_softmax(logits / T) at the token,
@@ -22,6 +38,9 @@ What a `Completion` holds:
     generating on device until a stop token or the length limit, so a stop string does not save
     compute.
   * `finish_reason` is "stop_string", "stop_token" or "length" (the budget ran out).
+
+Truncated sampling (top-k / top-p) searches the `top_candidates` most likely tokens instead of
+sorting the vocabulary; `logits.truncated_candidates` says when that is exact.
 """
 
 from __future__ import annotations
@@ -63,13 +82,24 @@ def bucket(n: int, minimum: int) -> int:
   return max(minimum, 1 << max(n - 1, 0).bit_length())
 
 
+def round_up(n: int, multiple: int) -> int:
+  """Smallest multiple of `multiple` >= max(n, 1)."""
+  return -(-max(n, 1) // multiple) * multiple
+
+
+def round_rows(n: int, multiple: int) -> int:
+  """Row buckets: powers of two below `multiple`, then multiples of it (1, 2, 4, 8, 16, 24, ...
+  for 8), so a group of one prompt is not prefilled 8 times."""
+  return bucket(n, 1) if n < multiple else round_up(n, multiple)
+
+
 @dataclasses.dataclass(frozen=True)
 class Buckets:
-  """Minimum padded sizes; above them every axis rounds up to a power of two."""
+  """Padded sizes: each axis rounds up to a multiple (stop ids: a power of two)."""
 
-  min_batch: int = 8
-  min_prompt: int = 32
-  min_new_tokens: int = 16
+  row_multiple: int = 8  # rows B and distinct prompts U (powers of two below it)
+  prompt_block: int = 64  # prompt width
+  new_token_multiple: int = 16  # new-token slots
   min_stop_ids: int = 4
 
   def __post_init__(self):
@@ -80,25 +110,42 @@ class Buckets:
 
 
 class Sampler:
-  """Batched generation for one model architecture (any params with that config)."""
+  """Batched generation for one model architecture (any params with that config).
+
+  Args:
+    buckets: padded shapes (see the module docstring).
+    decode_block: decode steps per attention-span block (`decode.generate_tokens`); 0 = every
+      step attends over the whole prompt + new-token cache.
+    top_candidates: tokens searched by top-k / top-p (`logits.truncated_candidates`); sampling
+      with top_k above it is refused.
+    share_prompts: prefill each distinct prompt once (False prefills every row; same outputs).
+  """
 
   def __init__(self, config: ModelConfig, tokenizer: Tokenizer | None = None,
-               buckets: Buckets = Buckets()):
+               buckets: Buckets = Buckets(), *, decode_block: int = 64,
+               top_candidates: int = 256, share_prompts: bool = True):
+    if not isinstance(decode_block, int) or decode_block < 0:
+      raise ValueError(f"decode_block={decode_block!r}; expected an integer >= 0 (0 = off)")
+    if not isinstance(top_candidates, int) or top_candidates < 1:
+      raise ValueError(f"top_candidates={top_candidates!r}; expected an integer >= 1")
     self.config = config
     self.tokenizer = tokenizer
     self.buckets = buckets
+    self.top_candidates = top_candidates
+    self.share_prompts = share_prompts
     self.pad_id = 0 if tokenizer is None else int(tokenizer.pad_id)
     self._num_traces = 0
 
     def traced(*args, **kwargs):
       self._num_traces += 1  # Python runs here only while jax traces a new shape/static variant.
-      return generate_tokens(*args, config=config, pad_id=self.pad_id, **kwargs)
+      return generate_tokens(*args, config=config, pad_id=self.pad_id, block=decode_block,
+                             candidates=top_candidates, **kwargs)
 
     self._generate = jax.jit(traced, static_argnames=("new_slots", "greedy", "truncates"))
 
   @property
   def num_compiles(self) -> int:
-    """Programs compiled so far (one per distinct bucketed shape and greedy/truncation variant)."""
+    """Programs compiled so far (bounded as the module docstring says)."""
     return self._num_traces
 
   def encode(self, prompts: Sequence[Sequence[int] | str]) -> list[list[int]]:
@@ -127,6 +174,35 @@ class Sampler:
     if not prompts:
       raise ValueError("prompts is empty; expected at least one prompt")
     ids = self.encode(prompts)
+    if sampling.top_k >= self.config.vocab_size:  # keeps every token: no truncation
+      sampling = sampling.replace(top_k=0)
+    self._check(ids, sampling)
+    n_rows = len(ids)
+    policy_ids = None
+    if adapters is not None:
+      policy_ids = np.asarray(adapters.policy_ids, np.int32)
+      if policy_ids.shape != (n_rows,):
+        raise ValueError(f"adapters.policy_ids has shape {policy_ids.shape}; expected "
+                         f"({n_rows},), one policy per prompt")
+    tokens, mask, group, prompt_policy = self._pack(ids, policy_ids)
+    if adapters is not None:
+      adapters = adapters.replace(policy_ids=prompt_policy)
+    b = self.buckets
+    stop = self._stop_token_ids(sampling)
+    stop_ids = np.full((bucket(len(stop), b.min_stop_ids),), -1, np.int32)
+    stop_ids[:len(stop)] = stop
+    knobs = Knobs(temperature=jnp.float32(sampling.logprob_temperature),
+                  top_k=jnp.int32(sampling.top_k), top_p=jnp.float32(sampling.top_p))
+    out = self._generate(params, tokens, mask, group, key, knobs, stop_ids,
+                         jnp.int32(sampling.max_new_tokens), adapters,
+                         new_slots=round_up(sampling.max_new_tokens, b.new_token_multiple),
+                         greedy=sampling.greedy, truncates=sampling.truncates)
+    out = jax.device_get(out)
+    return [self._completion(out.tokens[i, :out.lengths[i]], out.logprobs[i, :out.lengths[i]],
+                             bool(out.stopped[i]), len(ids[i]), sampling.stop_strings)
+            for i in range(n_rows)]
+
+  def _check(self, ids: list[list[int]], sampling: SamplingParams) -> None:
     context = self.config.max_position_embeddings
     for i, row in enumerate(ids):
       if len(row) + sampling.max_new_tokens > context:
@@ -134,34 +210,37 @@ class Sampler:
             f"prompt {i} has {len(row)} tokens; with max_new_tokens={sampling.max_new_tokens} "
             f"it needs {len(row) + sampling.max_new_tokens} positions but the model's context "
             f"is {context}")
-    b = self.buckets
-    n_rows = len(ids)
-    batch = bucket(n_rows, b.min_batch)
-    width = bucket(max(len(row) for row in ids), b.min_prompt)
-    tokens = np.full((batch, width), self.pad_id, np.int32)
-    mask = np.zeros((batch, width), bool)
+    if sampling.truncates and sampling.top_k > self.top_candidates:
+      raise ValueError(f"top_k={sampling.top_k} exceeds the Sampler's top_candidates="
+                       f"{self.top_candidates}; expected top_k <= top_candidates (or raise it)")
+
+  def _pack(self, ids: list[list[int]], policy_ids: np.ndarray | None):
+    """Distinct prompts, left-padded: tokens / mask [U, Tp], group [B] (row -> prompt, -1 =
+    padding) and each prompt's policy id [U] (None without adapters)."""
+    index: dict[tuple, int] = {}  # (prompt, policy) -> prompt row
+    group, firsts = [], []  # each row's prompt row; each prompt's first row
     for i, row in enumerate(ids):
-      tokens[i, width - len(row):] = row
-      mask[i, width - len(row):] = True
-    if adapters is not None:
-      policy_ids = np.asarray(adapters.policy_ids, np.int32)
-      if policy_ids.shape != (n_rows,):
-        raise ValueError(f"adapters.policy_ids has shape {policy_ids.shape}; expected "
-                         f"({n_rows},), one policy per prompt")
-      adapters = adapters.replace(policy_ids=np.pad(policy_ids, (0, batch - n_rows)))
-    stop = self._stop_token_ids(sampling)
-    stop_ids = np.full((bucket(len(stop), b.min_stop_ids),), -1, np.int32)
-    stop_ids[:len(stop)] = stop
-    knobs = Knobs(temperature=jnp.float32(sampling.logprob_temperature),
-                  top_k=jnp.int32(sampling.top_k), top_p=jnp.float32(sampling.top_p))
-    out = self._generate(params, tokens, mask, key, knobs, stop_ids,
-                         jnp.int32(sampling.max_new_tokens), adapters,
-                         new_slots=bucket(sampling.max_new_tokens, b.min_new_tokens),
-                         greedy=sampling.greedy, truncates=sampling.truncates)
-    out = jax.device_get(out)
-    return [self._completion(out.tokens[i, :out.lengths[i]], out.logprobs[i, :out.lengths[i]],
-                             bool(out.stopped[i]), len(ids[i]), sampling.stop_strings)
-            for i in range(n_rows)]
+      policy = None if policy_ids is None else int(policy_ids[i])
+      identity = (tuple(row), policy) if self.share_prompts else (i,)
+      if identity not in index:
+        index[identity] = len(firsts)
+        firsts.append(i)
+      group.append(index[identity])
+    b = self.buckets
+    n_unique = round_rows(len(index), b.row_multiple)
+    width = round_up(max(len(row) for row in ids), b.prompt_block)
+    tokens = np.full((n_unique, width), self.pad_id, np.int32)
+    mask = np.zeros((n_unique, width), bool)
+    for u, i in enumerate(firsts):
+      tokens[u, width - len(ids[i]):] = ids[i]
+      mask[u, width - len(ids[i]):] = True
+    rows = np.full((round_rows(len(ids), b.row_multiple),), -1, np.int32)
+    rows[:len(ids)] = group
+    prompt_policy = None
+    if policy_ids is not None:
+      prompt_policy = np.zeros((n_unique,), np.int32)
+      prompt_policy[:len(firsts)] = policy_ids[firsts]
+    return tokens, mask, rows, prompt_policy
 
   def _stop_token_ids(self, sampling: SamplingParams) -> tuple[int, ...]:
     if sampling.stop_token_ids is not None:

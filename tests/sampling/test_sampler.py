@@ -1,4 +1,5 @@
-"""Sampler tests: log-probs, truncation, seeds, stops, padding invariance, recompiles, HF parity.
+"""Sampler tests: log-probs, truncation, seeds, stops, padding invariance, shared prompts, decode
+blocks, recompiles, HF parity.
 
 References are independent of the sampler: teacher-forced forwards without cache or padding,
 log-softmax / top-k / top-p re-derived in NumPy, and transformers' PyTorch `generate` on the real
@@ -18,7 +19,8 @@ import pytest
 from marl_jax.models import decoder
 from marl_jax.models.config import get_preset
 from marl_jax.sampling.params import SamplingParams
-from marl_jax.sampling.sampler import Buckets, Sampler, bucket
+from marl_jax.sampling.decode import block_spans
+from marl_jax.sampling.sampler import Buckets, Sampler, bucket, round_rows, round_up
 
 CONFIG = get_preset("tiny-llama")
 TEACHER_WIDTH = 64  # longest prompt + completion the tests teacher-force
@@ -86,6 +88,18 @@ def test_sampling_params_validation():
 
 def test_bucket_rounds_up_to_powers_of_two():
   assert [bucket(n, 8) for n in (1, 8, 9, 16, 17, 100)] == [8, 8, 16, 16, 32, 128]
+
+
+def test_round_up_to_block_multiples():
+  assert [round_up(n, 64) for n in (0, 1, 64, 65, 270, 512)] == [64, 64, 64, 128, 320, 512]
+  assert [round_up(n, 8) for n in (1, 8, 9, 17)] == [8, 8, 16, 24]
+  assert [round_rows(n, 8) for n in (1, 2, 3, 5, 8, 9, 17)] == [1, 2, 4, 8, 8, 16, 24]
+
+
+def test_block_spans():
+  assert block_spans(20, 8) == [8, 16, 20]
+  assert block_spans(64, 64) == [64] and block_spans(64, 0) == [64] and block_spans(16, 32) == [16]
+  assert block_spans(256, 64) == [64, 128, 192, 256]
 
 
 @pytest.mark.parametrize("sampling", [
@@ -255,22 +269,104 @@ def test_tokenizer_stop_ids_are_the_default(params, char_sampler):
   assert out[0].finish_reason == "stop_token"
 
 
+SHARED = [PROMPTS[0], PROMPTS[1], PROMPTS[0], PROMPTS[2], PROMPTS[0], PROMPTS[1], PROMPTS[3],
+          PROMPTS[0], PROMPTS[0]]  # 9 rows, 4 distinct prompts (5 copies of the first)
+
+
+@pytest.fixture(scope="module")
+def unshared_sampler():
+  return Sampler(CONFIG, share_prompts=False)
+
+
+@pytest.mark.parametrize("sampling", [
+    SamplingParams(max_new_tokens=12, temperature=0.0, stop_token_ids=()),
+    SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.9, stop_token_ids=()),
+    SamplingParams(max_new_tokens=12, temperature=0.8, stop_token_ids=(7, 11)),
+])
+def test_shared_prefill_equals_unshared(params, sampler, unshared_sampler, sampling):
+  """Prefilling each distinct prompt once gives every row what prefilling it alone gives (same
+  keys), and log-probs still equal a teacher-forced forward."""
+  shared = sampler.generate(params, SHARED, sampling, jax.random.key(2))
+  unshared = unshared_sampler.generate(params, SHARED, sampling, jax.random.key(2))
+  for prompt, s, u in zip(SHARED, shared, unshared):
+    np.testing.assert_array_equal(s.tokens, u.tokens)
+    np.testing.assert_allclose(s.logprobs, u.logprobs, atol=1e-5, rtol=0)
+    assert s.finish_reason == u.finish_reason
+    logp = np_log_softmax(teacher_forced_logits(params, prompt, s.tokens) /
+                          sampling.logprob_temperature)
+    np.testing.assert_allclose(s.logprobs, logp[np.arange(len(s.tokens)), s.tokens], atol=1e-4)
+  copies = {tuple(c.tokens) for p, c in zip(SHARED, shared) if p == PROMPTS[0]}
+  assert len(copies) == (1 if sampling.greedy else 5)  # copies of one prompt sample apart
+
+
+def test_shared_prefill_keeps_policies_apart(params, sampler, unshared_sampler):
+  """The same prompt under two LoRA policies is two prefills, not one."""
+  L, D, r = CONFIG.num_hidden_layers, CONFIG.hidden_size, 4
+  ka, kb = jax.random.split(jax.random.key(8))
+  lora = {"mlp": {"up_proj": {"a": jax.random.normal(ka, (L, 2, D, r)),
+                              "b": jax.random.normal(kb, (L, 2, r, CONFIG.intermediate_size))}}}
+  prompts = [PROMPTS[1], PROMPTS[1], PROMPTS[1], PROMPTS[2]]
+  adapters = decoder.LoraAdapters(params=lora, policy_ids=jnp.array([0, 1, 0, 1]), scale=0.5)
+  sampling = SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=())
+  shared = sampler.generate(params, prompts, sampling, jax.random.key(0), adapters=adapters)
+  unshared = unshared_sampler.generate(params, prompts, sampling, jax.random.key(0),
+                                       adapters=adapters)
+  for s, u in zip(shared, unshared):
+    np.testing.assert_array_equal(s.tokens, u.tokens)
+    np.testing.assert_allclose(s.logprobs, u.logprobs, atol=1e-5, rtol=0)
+  assert not np.array_equal(shared[0].tokens, shared[1].tokens)
+  np.testing.assert_array_equal(shared[0].tokens, shared[2].tokens)
+
+
+def test_decode_blocks_equal_one_span(params):
+  """Attending over a growing cache (blocks of 4 steps) changes nothing but the work done."""
+  blocked, whole = Sampler(CONFIG, decode_block=4), Sampler(CONFIG, decode_block=0)
+  free = SamplingParams(max_new_tokens=19, temperature=1.0, stop_token_ids=())
+  first = whole.generate(params, SHARED, free, jax.random.key(6))
+  stops = (int(first[0].tokens[6]), int(first[1].tokens[13]))  # rows end in different blocks
+  for sampling in [free.replace(temperature=0.0), free.replace(stop_token_ids=stops)]:
+    a = blocked.generate(params, SHARED, sampling, jax.random.key(6))
+    b = whole.generate(params, SHARED, sampling, jax.random.key(6))
+    for prompt, x, y in zip(SHARED, a, b):
+      np.testing.assert_array_equal(x.tokens, y.tokens)
+      np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5, rtol=0)
+      assert x.finish_reason == y.finish_reason
+      logp = np_log_softmax(teacher_forced_logits(params, prompt, x.tokens))
+      np.testing.assert_allclose(x.logprobs, logp[np.arange(len(x.tokens)), x.tokens], atol=1e-4)
+  assert a[0].finish_reason == "stop_token" and len({len(c.tokens) for c in a}) > 2
+
+
 def test_bucketing_bounds_recompiles(params):
-  sampler = Sampler(CONFIG, buckets=Buckets(min_batch=4, min_prompt=16, min_new_tokens=8))
+  sampler = Sampler(CONFIG, buckets=Buckets(row_multiple=4, prompt_block=16,
+                                            new_token_multiple=8))
   rng = np.random.default_rng(0)
   other = decoder.init_params(CONFIG, jax.random.key(1), scale=0.5)
-  for i in range(12):  # batch 1..4, prompt 1..16 tokens, new tokens 1..8, varying knobs/params
-    prompts = [rng.integers(0, 256, rng.integers(1, 17)).tolist()
-               for _ in range(rng.integers(1, 5))]
+  for i in range(12):  # 3..4 rows (3..4 distinct), prompts of 1..16 tokens, 1..8 new tokens
+    prompts = [rng.integers(0, 256, rng.integers(1, 17)).tolist() for _ in range(4)]
+    prompts = prompts[:3] + [prompts[rng.integers(0, 4)]]
     sampling = SamplingParams(max_new_tokens=int(rng.integers(1, 9)),
                               temperature=float(rng.uniform(0.5, 1.5)),
                               stop_token_ids=tuple(rng.integers(0, 256, rng.integers(0, 4))))
-    sampler.generate(params if i % 2 else other, prompts, sampling, jax.random.key(i))
+    sampler.generate(params if i % 2 else other, prompts[:3 + i % 2], sampling,
+                     jax.random.key(i))
   assert sampler.num_compiles == 1
   sampler.generate(params, [[1]] * 5, SamplingParams(max_new_tokens=4), jax.random.key(0))
-  assert sampler.num_compiles == 2  # batch 5 -> bucket 8
-  sampler.generate(params, [[1]], SamplingParams(max_new_tokens=4, top_p=0.9), jax.random.key(0))
-  assert sampler.num_compiles == 3  # the truncating variant
+  assert sampler.num_compiles == 2  # 5 rows -> 8, one distinct prompt -> 1
+  sampler.generate(params, [[1]] * 7, SamplingParams(max_new_tokens=4), jax.random.key(0))
+  assert sampler.num_compiles == 2
+  sampler.generate(params, [[i] for i in range(5)], SamplingParams(max_new_tokens=4),
+                   jax.random.key(0))
+  assert sampler.num_compiles == 3  # 5 distinct prompts -> 8
+  sampler.generate(params, [[i] for i in range(7)] + [[0]], SamplingParams(max_new_tokens=4),
+                   jax.random.key(0))
+  assert sampler.num_compiles == 3
+  sampler.generate(params, [[1] * 17] * 5, SamplingParams(max_new_tokens=4), jax.random.key(0))
+  assert sampler.num_compiles == 4  # width 17 -> 32 (the next multiple of 16)
+  sampler.generate(params, [[1] * 32] * 5, SamplingParams(max_new_tokens=4), jax.random.key(0))
+  assert sampler.num_compiles == 4
+  sampler.generate(params, [[1]] * 5, SamplingParams(max_new_tokens=4, top_p=0.9),
+                   jax.random.key(0))
+  assert sampler.num_compiles == 5  # the truncating variant
 
 
 def test_errors_name_the_bad_value(params, sampler):
@@ -282,6 +378,11 @@ def test_errors_name_the_bad_value(params, sampler):
     sampler.generate(params, [[1, 300]], SamplingParams(), jax.random.key(0))
   with pytest.raises(ValueError, match="prompt 1 is empty"):
     sampler.generate(params, [[1], []], SamplingParams(), jax.random.key(0))
+  with pytest.raises(ValueError, match="top_k=20 exceeds the Sampler's top_candidates=8"):
+    Sampler(CONFIG, top_candidates=8).generate(params, [[1]], SamplingParams(top_k=20),
+                                               jax.random.key(0))
+  with pytest.raises(ValueError, match="decode_block=-1"):
+    Sampler(CONFIG, decode_block=-1)
 
 
 CHAT = ["Hi!", "What is the capital of France?",
@@ -313,9 +414,9 @@ def test_greedy_matches_transformers_generate_on_smollm2(smollm2, torch_smollm2)
   ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": m}])) for m in CHAT]
   assert len({len(i) for i in ids}) == len(ids)  # prompts of different lengths...
   assert max(map(len, ids)) <= 64  # ...all in one 64-token bucket
-  out = Sampler(smollm2.config, tok, Buckets(min_batch=4)).generate(
-      smollm2.params, ids, SamplingParams(max_new_tokens=32, temperature=0.0, stop_token_ids=()),
-      jax.random.key(0))
+  out = Sampler(smollm2.config, tok, Buckets(row_multiple=4)).generate(  # + a shared prompt
+      smollm2.params, ids + [ids[1]],
+      SamplingParams(max_new_tokens=32, temperature=0.0, stop_token_ids=()), jax.random.key(0))
   width = max(map(len, ids))  # transformers gets the same left-padded batch
   inputs = torch.tensor([[tok.pad_id] * (width - len(i)) + i for i in ids])
   mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
@@ -328,6 +429,6 @@ def test_greedy_matches_transformers_generate_on_smollm2(smollm2, torch_smollm2)
                                    eos_token_id=None)[:, width:].numpy()
   finally:
     torch.set_num_threads(threads)
-  for i, c in enumerate(out):
+  for i, c in zip(list(range(len(ids))) + [1], out):
     assert c.finish_reason == "length" and c.prompt_length == len(ids[i])
     np.testing.assert_array_equal(c.tokens, ref[i], err_msg=f"prompt {i}: {CHAT[i]!r}")
