@@ -79,8 +79,10 @@ def rollout(estimator, pcfg, trainable, frozen, key):
     node = problem * K + g
     rewards = np.bincount(node, hit)[node] / A
     fields.update(node_id=node, parent_node=np.full(len(hit), -1))
-  if estimator.startswith("gae"):  # one trajectory per (problem, g): agent 0 then agent 1
-    fields.update(traj_id=problem * K + g, values=values[:, 0], token_values=values)
+  if estimator.startswith("gae") or estimator == "traj_grpo":
+    fields.update(traj_id=problem * K + g)  # one trajectory per (problem, g): agent 0, agent 1
+  if estimator.startswith("gae"):
+    fields.update(values=values[:, 0], token_values=values)
   samples = make_batch(rewards, **fields)
   batch = TrainBatch(prompt=prompt, prompt_mask=np.ones(prompt.shape, bool),
                      response=tokens[:, None], old_logp=logp, samples=samples)
