@@ -380,9 +380,12 @@ def test_trainer_in_two_processes_matches_one_process_on_the_same_rollouts(tmp_p
   for step in want:
     assert sorted(got[step]) == sorted(want[step])
     for name, value in want[step].items():
-      rtol = 1e-5 if name.startswith(("train/", "adv/", "agent/")) else 1e-12
-      np.testing.assert_allclose(got[step][name], value, rtol=rtol, atol=1e-7,
-                                 err_msg=f"step {step} {name}")
+      # float32 metrics are sums of O(1) terms reduced in a different order on 1 and 2
+      # processes: besides rtol, a metric that cancels to ~0 (the policy loss at ratio 1 with
+      # zero-mean advantages) carries an absolute error of a few float32 ulps of 1 (1.2e-7 each).
+      f32 = name.startswith(("train/", "adv/", "agent/"))
+      np.testing.assert_allclose(got[step][name], value, rtol=1e-5 if f32 else 1e-12,
+                                 atol=1e-6 if f32 else 1e-7, err_msg=f"step {step} {name}")
   assert got[1]["rollout/reward/writer"] > 0 and abs(got[2]["train/loss"]) > 0
   # Every process wrote the traces of its own eval episodes.
   for name in ("eval_step2.jsonl", "eval_step2.process1.jsonl"):
