@@ -25,6 +25,8 @@ import re
 import unicodedata
 from typing import Any
 
+from marl_jax.envs.base import MAX_REPLY_CHARS
+
 PLAN_MARKER = "####"
 MAX_SEGMENT_CHARS = 50_000  # text scanned after a marker; a real action list is far shorter.
 MAX_DEPTH = 3  # Sudoku grids / fill lists need 2.
@@ -166,11 +168,13 @@ def parse_tool_output(stdout: str) -> list[Any] | None:
 def extract_code(response: str) -> str | None:
   """The program in a tool agent's reply: the last ```python block (else the last ``` block).
 
-  An unterminated final fence runs to the end of the reply (models often stop mid-fence).
+  An unterminated final fence runs to the end of the reply (models often stop mid-fence). Only the
+  first MAX_REPLY_CHARS characters are read.
   Returns None when the reply has no fenced block, so the caller can skip the sandbox.
   """
   if not isinstance(response, str):
     return None
+  response = response[:MAX_REPLY_CHARS]  # a flood of fences would cost seconds of regex work
   blocks = [(m.group(1).lower(), m.group(2)) for m in _CODE_BLOCK.finditer(response)]
   python = [code for lang, code in blocks if lang in ("python", "py", "python3")]
   if python:

@@ -19,6 +19,10 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+# Model replies are read up to this many characters: a real reply (at most a few thousand tokens)
+# is far shorter, and the bound keeps regex and `ast` work on flooding text in milliseconds.
+MAX_REPLY_CHARS = 50_000
+
 
 @dataclasses.dataclass(frozen=True)
 class Observation:

@@ -27,11 +27,10 @@ from typing import Any
 
 from marl_jax.envs import actions as actions_lib
 from marl_jax.envs.code import harness as code_harness
-from marl_jax.envs.base import Observation, StepResult, truncate
+from marl_jax.envs.base import MAX_REPLY_CHARS, Observation, StepResult, truncate
 
 MAX_GENERATED_TESTS = 10
 _MAX_PROMPT_CODE = 4000
-MAX_REPLY_CHARS = 50_000  # replies are scanned up to here (bounds regex work on flooding text)
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 _LABEL = re.compile(r"\b(input|output)\b", re.IGNORECASE)
 

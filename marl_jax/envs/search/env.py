@@ -24,12 +24,11 @@ from typing import Any
 
 import bm25s
 
-from marl_jax.envs.base import Observation, StepResult, truncate
+from marl_jax.envs.base import MAX_REPLY_CHARS, Observation, StepResult, truncate
 
 AGENTS = ("verifier", "search", "answer")
 TOP_K = 3
 FORMAT_PENALTY = 0.01
-MAX_REPLY_CHARS = 50_000  # tail of a reply searched for tags (bounds regex work on floods)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans("", "", string.punctuation)
 
