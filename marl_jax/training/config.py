@@ -74,6 +74,8 @@ def base_config() -> ml_collections.ConfigDict:
                                          kwargs=ml_collections.ConfigDict()))
   # allow_unsandboxed: run model-written code without bubblewrap isolation when none works here
   # (as the calling user, see marl_jax/sandbox/runner.py); otherwise such a run stops at start-up.
+  # mode: "tree" (AT-GRPO), "magrpo_tree" (MAGRPO's joint-action tree, k^max_turns leaves per
+  # problem) or "independent" (k trajectories per problem); see workflows/rollout.py.
   c.rollout = ml_collections.ConfigDict(dict(mode="tree", k=8, problems_per_step=32,
                                              tool_timeout_s=5.0, tool_memory_mb=512,
                                              allow_unsandboxed=False))

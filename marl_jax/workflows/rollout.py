@@ -143,7 +143,7 @@ class RolloutResult:
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
   mode: str = "independent"
-  k: int = 4  # branches (tree) or trajectories (independent) per problem
+  k: int = 4  # branches (tree), trajectories (independent) or joint actions per node (magrpo_tree)
   tool_timeout_s: float = 5.0
   tool_memory_mb: int = 512
   record_traces: bool = True
