@@ -3,7 +3,8 @@
 `get_config("VARIANT[,cpu]")` for the env named by the calling config file (parsed by
 `parse_game_preset`). Variants:
   single       single agent, no RL (evaluation only)
-  sa_grpo      single agent + GRPO
+  sa_grpo      single agent + GRPO as PettingLLMs' single-agent script runs it: tree sampling,
+               groups of (problem, turn, agent), lowest-mean filtering (AT-GRPO with one agent)
   mas_norl     the two-agent team without RL (evaluation only)
   mas_shared   MAS + AT-GRPO, one shared model with role prompts  (default)
   mas_lora     MAS + AT-GRPO, one LoRA adapter per role (rank 16, alpha 32)
@@ -45,8 +46,8 @@ def game_config(env_name: str, env_kwargs: dict, max_turns: int, variant: str,
   c.policy.kind = {"mas_lora": "lora", "mas_full": "stacked"}.get(variant, "shared")
   c.policy.per_role = variant in ("mas_lora", "mas_full")
   c.lora.rank, c.lora.alpha = 16, 32.0
-  c.rollout.mode = "independent" if variant == "sa_grpo" else "tree"
-  c.algo.estimator = "grpo" if variant == "sa_grpo" else "at_grpo"
+  c.rollout.mode = "tree"
+  c.algo.estimator, c.algo.filter = "at_grpo", "lowest_mean"
   c.algo.std_ddof = 1  # PettingLLMs' GRPO advantage is verl's: unbiased torch.std
   c.train.eval_only = variant in EVAL_ONLY
   if cpu:  # README's main job: about 10 minutes on a 2-core CPU

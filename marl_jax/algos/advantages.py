@@ -400,7 +400,9 @@ def magrpo(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
   A node is one joint action (all agents' samples of it share `node_id`); its reward is the mean
   of its samples' mixed rewards (the joint reward when every agent carries it). Multi-turn returns
   follow the tree, `R = r + gamma * mean(R of child nodes)`. Siblings are the nodes with the same
-  parent (roots: the same problem). The node advantage (R minus the sibling baseline, optionally
+  parent (roots: the same problem). Only the `magrpo_tree` rollout gives a node siblings after the
+  first turn (G joint actions from every node); a linear trajectory's later nodes are only
+  children, whose advantage is 0 (config.build refuses that setting). The node advantage (R minus the sibling baseline, optionally
   z-scored over siblings, then clamped) goes to every agent's sample of the node.
   """
   _check(cfg, "magrpo", space, "num_nodes")

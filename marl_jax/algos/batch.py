@@ -7,8 +7,9 @@ devices into exact global statistics.
 
 Ids are dense per step and their rules live here only: the rollout numbers problems
 0..num_problems-1 and the j-th trajectory of a problem `traj_id(problem_id, j, trajs_per_problem)`
-(one per problem in tree mode, K for independent rollouts); `build_rows` assigns every other id (a
-MAGRPO node is one (trajectory, turn) pair, `node_id`), so the estimators' static segment counts
+(one per problem in tree mode, K for independent rollouts, G^T leaves of a MAGRPO joint-action
+tree, `child_traj`); `build_rows` assigns every other id (a MAGRPO node is one (trajectory, turn)
+pair, `node_id`, and its parent follows `parent_node`), so the estimators' static segment counts
 (`BatchShape.space`) follow from the config alone. The estimators decode group ids
 with `group_ids` and mix rewards with `mixed_reward`.
 
@@ -192,14 +193,30 @@ def traj_id(problem_id: int, branch: int, trajs_per_problem: int) -> int:
   return problem_id * trajs_per_problem + branch
 
 
+def child_traj(traj: int, turn: int, branch: int, branching: int, max_turns: int) -> int:
+  """Trajectory of the `branch`-th joint action sampled at `turn` from the node of `traj`.
+
+  In a MAGRPO tree (G = `branching` joint actions from every node, at most `max_turns` levels) a
+  node is named by its first leaf: the path that takes branch 0 at every later turn. The problem's
+  G^T leaves are the base-G numbers of their branch choices, turn 0 the most significant digit,
+  so a node's trajectory is its parent's plus `branch * G^(T - 1 - turn)`.
+  """
+  return traj + branch * branching ** (max_turns - 1 - turn)
+
+
 def node_id(traj: int, turn: int, max_turns: int) -> int:
   """MAGRPO node of (trajectory, turn): every agent's sample of the joint action shares it."""
   return traj * max_turns + turn
 
 
-def parent_node(traj: int, turn: int, max_turns: int) -> int:
-  """The node a turn's node grew from: the trajectory's previous turn; -1 at the first turn."""
-  return node_id(traj, turn - 1, max_turns) if turn else -1
+def parent_node(traj: int, turn: int, max_turns: int, branching: int = 1) -> int:
+  """The node a turn's node grew from; -1 at the first turn. Linear trajectories (`branching` 1)
+  grow from their own previous turn; in a G-ary tree the parent's trajectory drops the digits
+  from `turn` on (see `child_traj`)."""
+  if not turn:
+    return -1
+  span = branching ** (max_turns - turn)
+  return node_id(traj - traj % span, turn - 1, max_turns)
 
 
 def _in_range(ids: jax.Array, low: int, high: int) -> jax.Array:
@@ -258,9 +275,10 @@ class BatchShape:
   """Static sizes of one step's batch."""
 
   num_problems: int
-  trajs_per_problem: int  # 1 in tree mode (one state per problem), K for independent rollouts
+  trajs_per_problem: int  # 1 in tree mode (one state per problem), K independent, G^T magrpo_tree
   max_turns: int
   num_agents: int
+  branching: int = 1  # G of a MAGRPO joint-action tree (`child_traj`); 1 = linear trajectories
   multiple: int = 1  # rows per policy block must divide by devices x micro-batches
   min_rows: int = 8
   min_prompt: int = 32
@@ -311,7 +329,7 @@ def build_rows(samples: Sequence[RolloutSample], shape: BatchShape, pad_id: int,
     values = dict(problem_id=s.problem_id, turn=s.turn, agent_id=s.agent_id,
                   policy_id=s.policy_id, traj_id=s.traj_id,
                   node_id=node_id(s.traj_id, s.turn, shape.max_turns),
-                  parent_node=parent_node(s.traj_id, s.turn, shape.max_turns),
+                  parent_node=parent_node(s.traj_id, s.turn, shape.max_turns, shape.branching),
                   team_rewards=s.team_reward, sample_mask=True)
     for name, value in values.items():
       fields[name][i] = value

@@ -11,6 +11,7 @@ replay finds the function that recomputes the rewards.
 """
 from __future__ import annotations
 
+import copy
 import math
 import time
 import uuid
@@ -77,6 +78,14 @@ class TraceRecorder:
   @property
   def trace_id(self) -> str:
     return self._header["trace_id"]
+
+  def fork(self) -> TraceRecorder:
+    """An open copy of this recording under a new trace id: each branch of a tree rollout is its
+    own episode that shares the history recorded so far."""
+    self._check_open()
+    out = copy.deepcopy(self)
+    out._header["trace_id"] = uuid.uuid4().hex
+    return out
 
   def event(self, type: str, agent: str, *, content: str | None = None,
             after: Sequence[tuple[str, str]] = (), role: str | None = None,

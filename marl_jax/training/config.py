@@ -74,6 +74,8 @@ def base_config() -> ml_collections.ConfigDict:
                                          kwargs=ml_collections.ConfigDict()))
   # allow_unsandboxed: run model-written code without bubblewrap isolation when none works here
   # (as the calling user, see marl_jax/sandbox/runner.py); otherwise such a run stops at start-up.
+  # mode: "tree" (AT-GRPO), "magrpo_tree" (MAGRPO's joint-action tree, k^max_turns leaves per
+  # problem) or "independent" (k trajectories per problem); see workflows/rollout.py.
   c.rollout = ml_collections.ConfigDict(dict(mode="tree", k=8, problems_per_step=32,
                                              tool_timeout_s=5.0, tool_memory_mb=512,
                                              allow_unsandboxed=False))
@@ -197,6 +199,7 @@ def build(c: ml_collections.ConfigDict) -> Built:
                      f"{'one agent' if len(spec.agents) == 1 else 'per_role=False'}; use "
                      "kind='shared' or set config.policy.per_role=True")
   _check_team(c, spec)
+  _check_rollout(c, spec)
   mesh = tuple(c.train.mesh)
   sizes_ok = all(isinstance(s, int) and not isinstance(s, bool) and (s >= 1 or s == -1)
                  for s in mesh)
@@ -243,6 +246,32 @@ def _check_team(c: ml_collections.ConfigDict, spec: WorkflowSpec) -> None:
   if target_kl is not None and (not target_kl > 0 or c.loss.policy_loss != "ppo"):
     raise ValueError(f"config.train.target_kl={target_kl!r} needs a value > 0 and "
                      f"config.loss.policy_loss='ppo' (got {c.loss.policy_loss!r})")
+
+
+def _check_rollout(c: ml_collections.ConfigDict, spec: WorkflowSpec) -> None:
+  """Tree sizes, and rollout/estimator pairs whose every advantage would be 0 (nothing to learn)."""
+  mode, k, turns, algo = c.rollout.mode, c.rollout.k, spec.max_turns, c.algo
+  try:
+    rollout.id_layout(mode, k, turns)
+  except ValueError as e:
+    raise ValueError(f"config.rollout: {e}") from None
+  if algo.estimator == "magrpo" and algo.baseline != "none":
+    if mode == "tree":
+      raise ValueError("config.rollout.mode='tree' continues one joint action per turn, so every "
+                       "MAGRPO node is its siblings' only member and every advantage is 0; "
+                       "expected rollout.mode='magrpo_tree' (or 'independent' for one turn)")
+    if mode == "independent" and turns > 1:
+      raise ValueError(f"config.rollout.mode='independent' with {turns} turns gives every MAGRPO "
+                       "node after turn 0 no sibling, so its advantage is 0; expected "
+                       "rollout.mode='magrpo_tree' (G joint actions from every node)")
+    if k < 2:
+      raise ValueError(f"config.rollout.k={k} gives every MAGRPO node no sibling, so every "
+                       "advantage is 0; expected k >= 2")
+  group_by = algo.group_by or {"at_grpo": "problem_turn_agent"}.get(algo.estimator)
+  if (k < 2 and group_by == "problem_turn_agent"
+      and algo.estimator in ("grpo", "at_grpo", "dr_grpo", "rloo")):
+    raise ValueError(f"config.rollout.k={k} puts one sample in every (problem, turn, agent) group "
+                     f"of estimator {algo.estimator!r}, so every advantage is 0; expected k >= 2")
 
 
 @_user_errors

@@ -45,7 +45,7 @@ from marl_jax.training.checkpoint import Checkpointer
 from marl_jax.training.llm_policy import LLMPolicy
 from marl_jax.training.metrics import make_writer
 from marl_jax.workflows import registry
-from marl_jax.workflows.rollout import Problem, RolloutConfig, rollout
+from marl_jax.workflows.rollout import Problem, RolloutConfig, id_layout, rollout
 from marl_jax.workflows.spec import WorkflowSpec
 
 
@@ -141,10 +141,10 @@ class Run:
       raise ValueError(f"{procs} processes need config.rollout.problems_per_step >= {procs} "
                        f"(got {c.rollout.problems_per_step}) and data x fsdp x micro_batches "
                        f"divisible by {procs} (got {shards})")
+    trajs, branching = id_layout(c.rollout.mode, c.rollout.k, self.spec.max_turns)
     self.shape = BatchShape(
-        num_problems=c.rollout.problems_per_step,
-        trajs_per_problem=1 if c.rollout.mode == "tree" else c.rollout.k,
-        max_turns=c.env.max_turns, num_agents=len(self.spec.agents), multiple=shards // procs,
+        num_problems=c.rollout.problems_per_step, trajs_per_problem=trajs, branching=branching,
+        max_turns=self.spec.max_turns, num_agents=len(self.spec.agents), multiple=shards // procs,
         min_rows=max(1, BatchShape.min_rows // procs))
     temperature = c.sampling.temperature if c.sampling.temperature > 0 else 1.0
     self.train_cfg = TrainConfig(

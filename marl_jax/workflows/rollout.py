@@ -1,14 +1,19 @@
 """The episode engine: runs a workflow over many problems, batching every live prompt.
 
-Two rollout modes (PAPERS.md section 1):
+Three rollout modes (PAPERS.md sections 1 and 3):
   independent  K trajectories per problem, each stepping its own environment (evaluation, GRPO
-               baselines, MAGRPO-style groups).
+               baselines, one-turn MAGRPO groups).
   tree         AT-GRPO tree sampling: one state per problem; at each agent step K replies are
                sampled from that same state, each is stepped on its own clone and rewarded, and
                the clone with the best reward for the acting agent becomes the state every
                branch continues from. Every (problem, turn, agent) group thus holds K samples
                with an identical prompt. The state stepped next is always the selected *clone*
                (PettingLLMs kept stepping the original after the first copy: not copied here).
+  magrpo_tree  MAGRPO's multi-turn tree: at the start of every turn each live branch forks into
+               K = G branches, each taking its own joint action (the turn's agents, in order, one
+               reply each) and evolving on its own from there, so a problem grows G^T leaves.
+               Node and parent ids follow `batch.child_traj` / `batch.parent_node`; the `magrpo`
+               estimator turns them into `R = r + gamma * mean(children)` minus the sibling mean.
 
 At each wave the prompts of all live episodes are grouped by policy and sent in one `generate`
 call per policy; the programs of tool agents then run in the sandbox together.
@@ -17,6 +22,11 @@ Rewards: an environment step returns additive agent-keyed contributions. The act
 goes to the sample just produced; entries for other agents go to those agents' samples of the same
 turn (in tree mode to all K samples of that group: they share the state the contribution is about,
 and a constant shift within a group leaves its advantages unchanged).
+
+Team rewards (the global term, `alpha * team + local`): in the tree modes each sample carries the
+team reward (1 if solved) of *its own branch's* state right after its step, as PettingLLMs adds it
+per branch when the branch is stepped; a group's K candidates thus differ where their states do.
+Independent trajectories carry the episode's final outcome on every sample (Dr. MAS).
 """
 
 from __future__ import annotations
@@ -35,8 +45,26 @@ from marl_jax.traces.recorder import TEAM, TraceRecorder, agent_channel
 from marl_jax.workflows import registry
 from marl_jax.workflows.spec import Cursor, WorkflowSpec, advance, first_cursor
 
-MODES = ("independent", "tree")
+MODES = ("independent", "tree", "magrpo_tree")
 ORCHESTRATOR = "orchestrator"
+MAX_TREE_LEAVES = 256  # a MAGRPO tree of G^T leaves per problem; the paper's T is small
+
+
+def id_layout(mode: str, k: int, max_turns: int) -> tuple[int, int]:
+  """(trajectories per problem, branching) of a rollout mode, for `batch.BatchShape`.
+
+  Raises ValueError when a MAGRPO tree would grow more than MAX_TREE_LEAVES leaves per problem.
+  """
+  if mode == "independent":
+    return k, 1
+  if mode == "tree":
+    return 1, 1
+  leaves = k ** max_turns
+  if leaves > MAX_TREE_LEAVES:
+    raise ValueError(f"rollout mode 'magrpo_tree' with k={k} over max_turns={max_turns} grows "
+                     f"k**max_turns={leaves} leaves per problem; expected at most "
+                     f"{MAX_TREE_LEAVES} (lower k or max_turns)")
+  return leaves, k
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +118,7 @@ class Sample:
   messages: list[dict[str, str]]
   generation: Generation
   reward: float = 0.0
-  team_reward: float = 0.0  # the episode's team reward (task success), set when it ends
+  team_reward: float = 0.0  # task success: of the branch after this step (tree modes) or episode
   selected: bool = True  # tree mode: whether this candidate's state was continued
 
 
@@ -115,7 +143,7 @@ class RolloutResult:
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
   mode: str = "independent"
-  k: int = 4  # branches (tree) or trajectories (independent) per problem
+  k: int = 4  # branches (tree), trajectories (independent) or joint actions per node (magrpo_tree)
   tool_timeout_s: float = 5.0
   tool_memory_mb: int = 512
   record_traces: bool = True
@@ -143,30 +171,52 @@ class _Episode:
   parent: int = -1
   last_event: str | None = None
   safety_events: int = 0
+  forked_turn: int = -1  # magrpo_tree: the last turn at whose start this branch forked
 
 
 def rollout(problems: Sequence[Problem], spec: WorkflowSpec, generate: Generate, params: Any,
             cfg: RolloutConfig) -> RolloutResult:
   """Runs every problem to the end of its episode(s); returns all samples and episodes."""
   samples: list[Sample] = []
-  trajs = 1 if cfg.mode == "tree" else cfg.k  # per problem
+  trajs, branching = id_layout(cfg.mode, cfg.k, spec.max_turns)
   live = [_start(p, spec, cfg, traj_id=batch_lib.traj_id(p.problem_id, j, trajs))
-          for p in problems for j in range(trajs)]
-  n_per = cfg.k if cfg.mode == "tree" else 1
-  started, episodes = list(live), []
+          for p in problems for j in range(cfg.k if cfg.mode == "independent" else 1)]
+  per_branch_team = cfg.mode != "independent"
+  everyone, episodes = list(live), []
   while live:
-    replies = _generate_all(live, spec, generate, params, n_per)
+    forks = [cfg.mode == "magrpo_tree" and ep.forked_turn < ep.cursor.turn for ep in live]
+    counts = [cfg.k if cfg.mode == "tree" or fork else 1 for fork in forks]
+    replies = _generate_all(live, spec, generate, params, counts)
     tool_outputs = _run_tools(live, spec, replies, cfg)
     still_live = []
     for i, ep in enumerate(live):
-      _step_episode(ep, spec, replies[i], tool_outputs[i], samples, cfg.mode == "tree")
-      if ep.cursor.agent is None:
-        episodes.append(_finish(ep, samples))
+      if forks[i]:  # one branch per joint action, each stepped with its own reply
+        branches = _fork(ep, cfg.k, branching, spec.max_turns)
+        everyone += branches
+        steps = [(b, replies[i][j:j + 1], tool_outputs[i][j:j + 1])
+                 for j, b in enumerate(branches)]
       else:
-        still_live.append(ep)
+        steps = [(ep, replies[i], tool_outputs[i])]
+      for branch, gens, outs in steps:
+        _step_episode(branch, spec, gens, outs, samples, cfg.mode == "tree", per_branch_team)
+        if branch.cursor.agent is None:
+          episodes.append(_finish(branch, samples, per_branch_team))
+        else:
+          still_live.append(branch)
     live = still_live
   episodes.sort(key=lambda e: e.traj_id)
-  return RolloutResult(samples, episodes, sum(ep.safety_events for ep in started))
+  return RolloutResult(samples, episodes, sum(ep.safety_events for ep in everyone))
+
+
+def _fork(ep: _Episode, k: int, branching: int, max_turns: int) -> list[_Episode]:
+  """The K branches of `ep` at the start of its turn (magrpo_tree): same state and history, each
+  its own trajectory id and trace. The env is shared: every step runs on a clone of it."""
+  turn = ep.cursor.turn
+  return [dataclasses.replace(
+      ep, traj_id=batch_lib.child_traj(ep.traj_id, turn, g, branching, max_turns),
+      recorder=None if ep.recorder is None else ep.recorder.fork(),
+      open={agent: list(v) for agent, v in ep.open.items()}, channels=dict(ep.channels),
+      samples=list(ep.samples), safety_events=0, forked_turn=turn) for g in range(k)]
 
 
 def _start(problem: Problem, spec: WorkflowSpec, cfg: RolloutConfig, traj_id: int) -> _Episode:
@@ -184,13 +234,13 @@ def _start(problem: Problem, spec: WorkflowSpec, cfg: RolloutConfig, traj_id: in
 
 
 def _generate_all(live: list[_Episode], spec: WorkflowSpec, generate: Generate, params: Any,
-                  n_per: int) -> list[list[Generation]]:
-  """n_per replies for each live episode, one generate call per policy."""
+                  counts: list[int]) -> list[list[Generation]]:
+  """counts[i] replies for live episode i, one generate call per policy."""
   by_policy: dict[int, list[tuple[int, Request]]] = defaultdict(list)
   for i, ep in enumerate(live):
     agent = ep.cursor.agent
     request = Request(ep.env.observe(agent).messages(), agent, ep.env)
-    by_policy[spec.policy_id(agent)] += [(i, request)] * n_per
+    by_policy[spec.policy_id(agent)] += [(i, request)] * counts[i]
   replies: list[list[Generation]] = [[] for _ in live]
   for policy_id, items in sorted(by_policy.items()):
     outputs = list(generate([r for _, r in items], policy_id, params))
@@ -222,8 +272,10 @@ def _run_tools(live: list[_Episode], spec: WorkflowSpec, replies: list[list[Gene
 
 
 def _step_episode(ep: _Episode, spec: WorkflowSpec, replies: list[Generation],
-                  tool_outputs: list[str | None], samples: list[Sample], tree: bool) -> None:
-  """Steps each reply on its own clone, keeps the best (tree) or the only one, records it all."""
+                  tool_outputs: list[str | None], samples: list[Sample], tree: bool,
+                  per_branch_team: bool) -> None:
+  """Steps each reply on its own clone, keeps the best (tree) or the only one, records it all.
+  With `per_branch_team` each sample's team reward is its own clone's success after the step."""
   agent, turn = ep.cursor.agent, ep.cursor.turn
   messages = ep.env.observe(agent).messages()
   candidates = []
@@ -238,7 +290,8 @@ def _step_episode(ep: _Episode, spec: WorkflowSpec, replies: list[Generation],
       env, result = ep.env.clone(), _safety_event(ep, agent, e)
     samples.append(Sample(ep.problem.problem_id, ep.traj_id, turn, agent, spec.agent_id(agent),
                           spec.policy_id(agent), j if tree else ep.traj_id, ep.parent, messages,
-                          gen, reward=result.rewards.get(agent, 0.0)))
+                          gen, reward=result.rewards.get(agent, 0.0),
+                          team_reward=_team_reward(env) if per_branch_team else 0.0))
     candidates.append((len(samples) - 1, env, result))
   best = max(range(len(candidates)),  # on a tie, a branch whose step did not raise
              key=lambda j: (candidates[j][2].rewards.get(agent, float("-inf")),
@@ -290,11 +343,17 @@ def _record_step(ep: _Episode, spec: WorkflowSpec, gen: Generation, tool_output:
                               reply=reply)
 
 
-def _finish(ep: _Episode, samples: list[Sample]) -> Episode:
+def _team_reward(env: Any) -> float:
+  """The team's (global) reward of a state: task success."""
+  return 1.0 if env.solved else 0.0
+
+
+def _finish(ep: _Episode, samples: list[Sample], per_branch_team: bool) -> Episode:
   solved = bool(ep.env.solved)
-  team = 1.0 if solved else 0.0
-  for index in ep.samples:
-    samples[index].team_reward = team
+  team = _team_reward(ep.env)
+  if not per_branch_team:  # independent trajectories: the episode's outcome on every sample
+    for index in ep.samples:
+      samples[index].team_reward = team
   rewards = dict(ep.channels, **{TEAM: team})
   trace, content = None, {}
   if ep.recorder is not None:

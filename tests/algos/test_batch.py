@@ -95,3 +95,21 @@ def test_sizes_bucket_and_round_to_the_multiple():
     shape.sizes([], block_rows=0)
   with pytest.raises(ValueError, match="3 samples do not fit in a block of 2 rows"):
     batch_lib.build_rows(samples + samples[:1], shape, 0, rows=2, width=64, resp_width=32)
+
+
+def test_tree_id_rules_name_nodes_by_their_first_leaf():
+  """G = 3, T = 3, problem 1 (leaves 27..53): the path of branches (2, 0, 1) by hand."""
+  g, t = 3, 3
+  root = batch_lib.traj_id(1, 0, g ** t)
+  assert root == 27
+  t0 = batch_lib.child_traj(root, 0, 2, g, t)  # + 2 * 9
+  t1 = batch_lib.child_traj(t0, 1, 0, g, t)  # + 0 * 3
+  t2 = batch_lib.child_traj(t1, 2, 1, g, t)  # + 1 * 1
+  assert (t0, t1, t2) == (45, 45, 46)
+  assert batch_lib.parent_node(t2, 2, t, g) == batch_lib.node_id(45, 1, t) == 45 * 3 + 1
+  assert batch_lib.parent_node(t1, 1, t, g) == batch_lib.node_id(45, 0, t) == 45 * 3
+  assert batch_lib.parent_node(t0, 0, t, g) == -1
+  # Branch 1 at turn 1 (traj 48) has the same parent as branch 0 (traj 45): siblings.
+  assert batch_lib.parent_node(48, 1, t, g) == batch_lib.parent_node(45, 1, t, g)
+  # Linear trajectories (branching 1) grow from their own previous turn.
+  assert batch_lib.parent_node(46, 2, t) == batch_lib.node_id(46, 1, t)

@@ -133,9 +133,10 @@ def test_defaults_are_the_papers(name):
 
 
 @pytest.mark.parametrize("name, preset, want", [
-    ("atgrpo_math", "sa_grpo", {"env.workflow": "single", "algo.estimator": "grpo",
-                                "rollout.mode": "independent", "algo.alpha": 0.0,
-                                "algo.std_ddof": 1}),
+    # PettingLLMs' single-agent script: tree sampling, (problem, turn, agent) groups, filter.
+    ("atgrpo_math", "sa_grpo", {"env.workflow": "single", "algo.estimator": "at_grpo",
+                                "rollout.mode": "tree", "algo.filter": "lowest_mean",
+                                "algo.alpha": 0.0, "algo.std_ddof": 1}),
     ("atgrpo_math", "mas_grpo", {"env.workflow": "atgrpo", "algo.estimator": "grpo",
                                  "rollout.mode": "independent", "algo.alpha": 1.0,
                                  "algo.std_ddof": 1}),
