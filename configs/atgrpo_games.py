@@ -13,8 +13,9 @@ K=8 tree branches, 200 steps, response 2048 tokens, lr 1e-6 constant, clip 0.2/0
 token-mean loss, grad clip 1.0, weight decay 0.01, lowest-mean 50% group filtering, validation
 every 10 steps on 100 held-out seeds. Updates as PettingLLMs' verl trainer: PPO mini-batches of
 16 samples, 1 epoch, old log-probs recomputed by the learner before the first update, learner
-temperature = the sampling temperature (verl divides the logits by it). `cpu` shrinks everything to the embedded SmolLM2-135M on a
-2-core machine. `task_config` gives the same rows for the math and code envs.
+temperature = the sampling temperature (verl divides the logits by it). `cpu` shrinks everything
+to the embedded SmolLM2-135M on a 2-core machine. `task_config` gives the same rows for the math
+and code envs.
 """
 
 from __future__ import annotations

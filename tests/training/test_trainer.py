@@ -89,6 +89,11 @@ def test_end_to_end_outputs(model_dir, tmp_path):
     ("rollout.k", 0, "config.rollout.k=0"),
     ("model", "/no/such/model", "neither a known preset"),
     ("eval.top_p", 1.5, r"config.eval.top_p=1.5; expected a number in \(0, 1\]"),
+    ("train.epochs", 0, "config.train.epochs=0; expected an integer >= 1"),
+    ("train.mini_batch_size", 0, "config.train.mini_batch_size=0; expected an integer >= 1"),
+    ("train.tis_cap", 2.0, "config.train.tis_cap=2.0 needs .* recompute_old_logp=True"),
+    ("train.learner_temperature", 0.0, "config.train.learner_temperature=0.0; expected a finite"),
+    ("train.learner_temperature", 0.5, "differs from the sampling temperature 1.0"),
 ])
 def test_bad_config_fails_before_compute(model_dir, field, value, message):
   c = toy_task.toy_config(model_dir, steps=1)
