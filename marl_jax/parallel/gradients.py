@@ -114,7 +114,8 @@ def _segments(cfg: TrainConfig, samples) -> jax.Array:
 
 @flax.struct.dataclass
 class RolloutTargets:
-  """What a rollout fixes for all of its updates, in the batch's layout (sample axis like it)."""
+  """What a rollout fixes for all of its updates (flat samples here; the step takes them in the
+  batch's layout: `layout.unflatten` of this, e.g. one per policy name for "mapped")."""
   advantages: jax.Array  # [n, R] f32
   returns: jax.Array | None  # [n, R] f32 critic targets (gae_*), else None
   sample_mask: jax.Array  # [n] bool samples kept by the group filter
@@ -144,18 +145,15 @@ def rollout_targets(cfg: TrainConfig, params, frozen, specs, batch
     logp = split_micro_map(cfg, lambda b: policies.token_logprobs(
         cfg.policy, params, frozen, specs, b, temperature=cfg.temperature)[0], batch)
     if cfg.tis_cap is not None:
-      sampler = flat_field(cfg, batch, "old_logp")
-      is_weight = layout.unflatten(cfg.policy, jnp.where(
-          samples.token_mask, losses.tis_weight(layout.flatten(cfg.policy, logp), sampler,
-                                                cfg.tis_cap, cfg.loss.log_ratio_limit),
-          1.0), batch)
+      is_weight = jnp.where(samples.token_mask, losses.tis_weight(
+          layout.flatten(cfg.policy, logp), flat_field(cfg, batch, "old_logp"), cfg.tis_cap,
+          cfg.loss.log_ratio_limit), 1.0)
     batch = jax.tree.map(lambda b, lp: b.replace(old_logp=jnp.where(
         b.samples.token_mask, lp, 0.0)), batch, logp, is_leaf=lambda x: hasattr(x, "old_logp"))
   adv = adv_lib.estimate(samples, cfg.advantage, cfg.space, axis_name=BATCH_AXES)
-  unflat = lambda x: None if x is None else layout.unflatten(cfg.policy, x, batch)
-  targets = RolloutTargets(advantages=unflat(adv.advantages), returns=unflat(adv.returns),
-                           sample_mask=unflat(adv.sample_mask), is_weight=is_weight)
-  return batch, targets, adv.metrics
+  targets = RolloutTargets(advantages=adv.advantages, returns=adv.returns,
+                           sample_mask=adv.sample_mask, is_weight=is_weight)
+  return batch, layout.unflatten(cfg.policy, targets, batch), adv.metrics
 
 
 class Prepass(NamedTuple):
@@ -170,7 +168,7 @@ class Prepass(NamedTuple):
 
 
 def advantages_and_denominators(cfg: TrainConfig, batch: Any,
-                                targets: RolloutTargets | None = None) -> Prepass:
+                                targets: Any = None) -> Prepass:
   """Advantages (exact global group statistics; or the rollout's `targets`) and every loss
   term's global denominators (over this batch: with mini-batches, over the mini-batch)."""
   A, Pn = cfg.space.num_agents, cfg.policy.num_policies
@@ -182,12 +180,10 @@ def advantages_and_denominators(cfg: TrainConfig, batch: Any,
   if targets is None:
     adv = adv_lib.estimate(samples, cfg.advantage, cfg.space, axis_name=BATCH_AXES)
   else:
-    flat = lambda x: None if x is None else layouts.of(cfg.policy).flatten(cfg.policy, x)
-    adv = adv_lib.AdvantageOutput(advantages=flat(targets.advantages),
-                                  returns=flat(targets.returns),
-                                  sample_mask=flat(targets.sample_mask) & samples.sample_mask,
-                                  metrics={})
-    is_weight = flat(targets.is_weight)
+    t = layouts.of(cfg.policy).flatten(cfg.policy, targets)
+    adv = adv_lib.AdvantageOutput(advantages=t.advantages, returns=t.returns,
+                                  sample_mask=t.sample_mask & samples.sample_mask, metrics={})
+    is_weight = t.is_weight
   tmask = samples.token_mask & adv.sample_mask[:, None]
   # Denominators depend on masks only: evaluate the terms once at the behaviour log-probs.
   ent0 = jnp.zeros_like(old_logp) if cfg.with_entropy else None
@@ -315,7 +311,7 @@ def step_metrics(cfg: TrainConfig, loss, pre: Prepass, samples, terms, metrics, 
   return report
 
 
-def local_grads(cfg: TrainConfig, params, frozen, batch, targets: RolloutTargets | None, specs):
+def local_grads(cfg: TrainConfig, params, frozen, batch, targets: Any, specs):
   """Per-device body: advantages (or the rollout's `targets`), denominators, accumulated
   gradients, metrics."""
   train_specs, _ = specs

@@ -82,9 +82,10 @@ def _select_block(b, t: RolloutTargets, idx, valid):
   return b, t.replace(sample_mask=t.sample_mask & valid)
 
 
-def select_rows(cfg: TrainConfig, batch: Any, targets: RolloutTargets, idx: list[Any],
-                valid: list[Any]) -> tuple[Any, RolloutTargets]:
-  """(batch, targets) of one mini-batch: rows `idx` of each block, slots not `valid` masked."""
+def select_rows(cfg: TrainConfig, batch: Any, targets: Any, idx: list[Any],
+                valid: list[Any]) -> tuple[Any, Any]:
+  """(batch, targets) of one mini-batch: rows `idx` of each block, slots not `valid` masked.
+  `targets`: `RolloutTargets` in the batch's layout, as `TrainFns.prepare` returns them."""
   parts = [_select_block(b, t, i, v) for b, t, i, v in
            zip(_blocks(cfg, batch), _blocks(cfg, targets), idx, valid)]
   return _join(cfg, [p[0] for p in parts]), _join(cfg, [p[1] for p in parts])
@@ -113,7 +114,7 @@ def ppo_updates(fns: TrainFns, cfg: TrainConfig, state: TrainState, frozen: Any,
   `select`: a jitted `select_rows` (callers keep one so it compiles once per shape)."""
   select = select or jax.jit(select_rows, static_argnums=0)
   batch, targets, adv_metrics = fns.prepare(state.params, frozen, batch)
-  kept = [_host(m) for m in _blocks(cfg, targets.sample_mask)]
+  kept = [_host(t.sample_mask) for t in _blocks(cfg, targets)]
   history = []
   for _ in range(cfg.epochs):
     if cfg.mini_batch_size is None:
