@@ -12,8 +12,11 @@
 Defaults are the paper's: Qwen3-1.7B (pass `--config.model=/path/to/Qwen3-1.7B`), 32 problems x
 K=8 tree branches, 200 steps, response 2048 tokens, lr 1e-6 constant, clip 0.2/0.2, dual-clip 3,
 token-mean loss, grad clip 1.0, weight decay 0.01, lowest-mean 50% group filtering, validation
-every 10 steps on 100 held-out seeds. `cpu` shrinks everything to the embedded SmolLM2-135M on a
-2-core machine. `task_config` gives the same rows for the math and code envs.
+every 10 steps on 100 held-out seeds. Updates as PettingLLMs' verl trainer: PPO mini-batches of
+16 samples, 1 epoch, old log-probs recomputed by the learner before the first update, learner
+temperature = the sampling temperature (verl divides the logits by it). `cpu` shrinks everything
+to the embedded SmolLM2-135M on a 2-core machine. `task_config` gives the same rows for the math
+and code envs.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ def game_config(env_name: str, env_kwargs: dict, max_turns: int, variant: str,
   c.rollout.mode = "tree"
   c.algo.estimator, c.algo.filter = "at_grpo", "lowest_mean"
   c.algo.std_ddof = 1  # PettingLLMs' GRPO advantage is verl's: unbiased torch.std
+  c.train.mini_batch_size, c.train.epochs = 16, 1  # ppo_mini_batch_size: 16, ppo_epochs: 1
+  c.train.recompute_old_logp = True  # multi_agents_ppo_trainer: "recompute old_log_probs"
   c.train.eval_only = variant in EVAL_ONLY
   if cpu:  # README's main job: about 10 minutes on a 2-core CPU
     c.model = "smollm2-135m-instruct"

@@ -97,7 +97,10 @@ def drmas_config(env_name: str, estimator: str, *, model: str, max_turns: int, q
   Every call's reward is the team's episode reward minus its own format penalty (alpha = 1), K
   independent trajectories per question, no group filtering; PPO clip 0.2, dual-clip 3,
   token-mean, no KL, grad clip 1.0, lr 1e-6; evaluation avg@16 / pass@16 at temperature 0.6.
-  Evaluation samples at top-p 0.95 as the paper's; training at top-p 1.
+  Evaluation samples at top-p 0.95 as the paper's; training at top-p 1. Updates as verl-agent's
+  DrMAS scripts: one update per rollout per agent (`ppo_mini_update_num=1`, adaptive
+  mini-batch = the agent's whole batch), 1 epoch, old log-probs recomputed by the learner (verl's
+  default), learner temperature = the sampling temperature (verl divides the logits by it).
   """
   if estimator not in DRMAS_ESTIMATORS:
     raise ValueError(f"unknown Dr. MAS estimator {estimator!r}; expected one of "
@@ -110,6 +113,8 @@ def drmas_config(env_name: str, estimator: str, *, model: str, max_turns: int, q
   c.algo.estimator = {"drmas": "drmas", "grpo": "traj_grpo"}[estimator]
   c.algo.filter, c.algo.alpha, c.algo.std_ddof = "none", 1.0, 1
   c.loss.entropy_coef = entropy_coef
+  c.train.mini_batch_size, c.train.epochs = None, 1
+  c.train.recompute_old_logp = True
   c.eval.k, c.eval.temperature, c.eval.top_p = 16, 0.6, 0.95
   return c
 
@@ -122,7 +127,9 @@ def magrpo_config(env_name: str, estimator: str, *, model: str, lr: float,
   """MAGRPO (PAPERS.md section 3) on `env_name`'s one-turn "magrpo" workflow: G = 4 aligned joint
   actions per prompt (independent rollouts), the joint reward minus the mean over the G joint
   actions (no std division, clamp 10), the same advantage for every agent; on-policy REINFORCE
-  (`-sum_t log pi * A`, averaged over samples; no ratio, clip or KL). `estimator` picks the
+  (`-sum_t log pi * A`, averaged over samples; no ratio, clip or KL), one update per rollout (no
+  mini-batches or epochs); the learner's log-probs at temperature 1 (CoMLRL's loss differentiates
+  log_softmax(logits) though it samples at 0.7). `estimator` picks the
   sibling baseline: "magrpo" (mean), "rloo" (leave-one-out, CoMLRL's MARLOO) or "remax" (max,
   CoMLRL's MAReMax). The env's local reward already is the joint reward, so alpha = 0.
 
@@ -142,6 +149,8 @@ def magrpo_config(env_name: str, estimator: str, *, model: str, lr: float,
   c.loss.policy_loss, c.loss.aggregation = "reinforce", "seq_sum"
   c.optim.lr = lr
   c.sampling.temperature, c.sampling.top_p, c.sampling.max_new_tokens = 0.7, 0.9, 256
+  c.train.learner_temperature = 1.0
+  c.train.mini_batch_size, c.train.epochs = None, 1
   return c
 
 

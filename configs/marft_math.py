@@ -14,7 +14,11 @@ Defaults from MARFT's public code: PPO clip 0.2 without dual clip, entropy 0.01,
 z-scored over the batch, the policy step skipped when the approximate KL exceeds 1e-3, gradients
 clipped at 0.5, gamma 0.99, lambda 0.95; AdamW lr 1e-6, eps 1e-5, no weight decay (its launch
 script); critic Adam lr 5e-5 (launch script), eps 1e-5; 4 parallel episodes per step, 512 new
-tokens. The base model is Qwen2.5-3B-Instruct (pass `--config.model=/path/to/Qwen2.5-3B-Instruct`).
+tokens. Updates as the launch script: one mini-batch (`--num_mini_batch 1`), one PPO epoch
+(`--ppo_epoch 1`; its argparse defaults are 5 epochs x 4 mini-batches:
+`--config.train.epochs=5 --config.train.mini_batch_size=...`); old log-probs from the learner's
+forward at temperature 1 (MARFT scores actions with log_softmax(logits)). The base model is
+Qwen2.5-3B-Instruct (pass `--config.model=/path/to/Qwen2.5-3B-Instruct`).
 `cpu` shrinks everything to the embedded SmolLM2-135M on a 2-core machine.
 """
 
@@ -52,6 +56,8 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     c.loss.ratio_level, c.loss.aggregation = "sequence", "seq_mean_token_mean"
   c.optim.lr, c.optim.eps, c.optim.weight_decay, c.optim.max_grad_norm = 1e-6, 1e-5, 0.0, 0.5
   c.train.target_kl = 1e-3
+  c.train.mini_batch_size, c.train.epochs = None, 1
+  c.train.recompute_old_logp, c.train.learner_temperature = True, 1.0
   common.data_fields(c, path=None, fmt="auto")
   if cpu:
     common.cpu_preset(c)

@@ -118,9 +118,20 @@ def _kl(logp: jax.Array, ref_logp: jax.Array, cfg: LossConfig) -> jax.Array:
   return jnp.exp(x) - x - 1.0
 
 
+def tis_weight(learner_logp: jax.Array, sampler_logp: jax.Array, cap: float,
+               log_ratio_limit: float = 20.0) -> jax.Array:
+  """Truncated importance-sampling weight [N, T] of each token for the sampler/learner mismatch:
+  `min(exp(learner_logp - sampler_logp), cap)` (verl's and Tunix's TIS). The sampler's numerics
+  (bf16, fused kernels) make its log-probs differ from the learner's; the weight re-targets the
+  policy gradient at the learner's distribution and the cap bounds its variance."""
+  log_ratio = jnp.clip(learner_logp - sampler_logp, -log_ratio_limit, log_ratio_limit)
+  return jnp.minimum(jnp.exp(log_ratio), cap)
+
+
 def policy_loss(logp: jax.Array, old_logp: jax.Array | None, advantages: jax.Array,
                 token_mask: jax.Array, cfg: LossConfig, ref_logp: jax.Array | None = None,
-                entropy: jax.Array | None = None) -> tuple[dict[str, NumDen], dict[str, NumDen]]:
+                entropy: jax.Array | None = None, is_weight: jax.Array | None = None
+                ) -> tuple[dict[str, NumDen], dict[str, NumDen]]:
   """Policy-gradient terms of one (micro-)batch.
 
   Args:
@@ -131,6 +142,8 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array | None, advantages: jax.Arr
     cfg: loss options.
     ref_logp: [N, T] frozen reference log-probs (adds the "kl" term).
     entropy: [N, T] per-token policy entropy (adds the "entropy" term).
+    is_weight: [N, T] importance weight multiplying each token's policy-gradient loss (the
+      truncated IS weight `tis_weight`, a constant); None: 1.
 
   Returns:
     terms: "policy" and, when their inputs are given, "kl" and "entropy", each aggregated with
@@ -149,6 +162,8 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array | None, advantages: jax.Arr
   logp, old_logp, adv, ref_logp, entropy = (
       None if x is None else jnp.where(token_mask, x, 0.0)
       for x in (logp, old_logp, advantages, ref_logp, entropy))
+  if is_weight is not None:
+    is_weight = jax.lax.stop_gradient(jnp.where(token_mask, is_weight, 0.0))
   metrics = {}
   if cfg.policy_loss == "reinforce":
     per_token = -logp * adv
@@ -176,6 +191,8 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array | None, advantages: jax.Arr
         ratio=_token_mean(jnp.broadcast_to(ratio, shape), token_mask),
     )
     per_token = jnp.broadcast_to(per_token, shape)
+  if is_weight is not None:
+    per_token = per_token * is_weight
   terms = {"policy": aggregate(per_token, token_mask, cfg.aggregation)}
   if ref_logp is not None:
     terms["kl"] = aggregate(_kl(logp, ref_logp, cfg), token_mask, cfg.aggregation)

@@ -1,6 +1,11 @@
 """The per-device body of the train step (inside shard_map): advantages, losses, gradients, metrics.
 
 `local_grads` wires the parts, each a function of its own:
+  0. with PPO mini-batches / epochs (or old log-probs recomputed by the learner, or truncated IS
+     weights), `rollout_targets` runs first, once per rollout over the WHOLE batch: advantages,
+     returns and the group filter's kept samples (groups span mini-batches, so none of them can
+     be computed from one), the learner's old log-probs and the IS weights. They are then held
+     fixed across every update of the rollout and reach `local_grads` as `RolloutTargets`;
   1. `advantages_and_denominators`: advantages on device (the estimator psums its segment
      statistics over ('data', 'fsdp'), so groups split across devices get exact global
      statistics), then every loss term's global denominators (they depend on masks only, so
@@ -11,6 +16,8 @@
      `micro_batch_grads` (its gradient, or with per-agent gradient norms `agent_vjp_grads`),
      accumulated over micro-batches by `accumulate_grads` and all-reduced once;
   3. `step_metrics`: the reported scalars and per-agent vectors.
+Without `RolloutTargets`, step 1 estimates the advantages of the batch it is given (one update
+per rollout: the batch is the rollout).
 
 Loss normalisation is per policy: each policy's loss is its own samples' numerators over its own
 denominators (Dr. MAS: "each model is updated on its own sub-batch"); a shared policy is one
@@ -29,6 +36,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import chex
+import flax.struct
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
@@ -70,12 +78,12 @@ def flat_field(cfg: TrainConfig, batch: Any, name: str) -> Any:
 
 
 def segment_terms(cfg: TrainConfig, logp, old_logp, advantages, token_mask, ref_logp, entropy,
-                  seg, num_segments):
+                  seg, num_segments, is_weight=None):
   """`losses.policy_loss` with every (num, den) split by segment (policy, agent): leaves [S]."""
 
   def one(s):
     return losses.policy_loss(logp, old_logp, advantages, token_mask & (seg == s)[:, None],
-                              cfg.loss, ref_logp=ref_logp, entropy=entropy)
+                              cfg.loss, ref_logp=ref_logp, entropy=entropy, is_weight=is_weight)
 
   return jax.vmap(one)(jnp.arange(num_segments))
 
@@ -104,6 +112,50 @@ def _segments(cfg: TrainConfig, samples) -> jax.Array:
   return samples.policy_id * cfg.space.num_agents + samples.agent_id
 
 
+@flax.struct.dataclass
+class RolloutTargets:
+  """What a rollout fixes for all of its updates (flat samples here; the step takes them in the
+  batch's layout: `layout.unflatten` of this, e.g. one per policy name for "mapped")."""
+  advantages: jax.Array  # [n, R] f32
+  returns: jax.Array | None  # [n, R] f32 critic targets (gae_*), else None
+  sample_mask: jax.Array  # [n] bool samples kept by the group filter
+  is_weight: jax.Array | None  # [n, R] f32 truncated IS weight per token, None: off
+
+
+def split_micro_map(cfg: TrainConfig, fn, tree: Any) -> Any:
+  """`fn` over `cfg.micro_batches` micro-batches of `tree` (one at a time: lax.map), results put
+  back on the sample axis; without gradients only one micro-batch's activations are live."""
+  if cfg.micro_batches == 1:
+    return fn(tree)
+  out = jax.lax.map(fn, split_micro(cfg, tree))
+  ax = cfg.policy.sample_axis
+  return jax.tree.map(lambda x: jnp.moveaxis(x, 0, ax).reshape(
+      x.shape[1:ax + 1] + (-1,) + x.shape[ax + 2:]), out)
+
+
+def rollout_targets(cfg: TrainConfig, params, frozen, specs, batch
+                    ) -> tuple[Any, RolloutTargets, dict[str, jax.Array]]:
+  """Per-device body of the once-per-rollout pass (module docstring, step 0): (the batch, with
+  `old_logp` replaced by the learner's when `cfg.recompute_old_logp`, its targets, the global
+  advantage metrics)."""
+  layout = layouts.of(cfg.policy)
+  samples = flat_field(cfg, batch, "samples")
+  is_weight = None
+  if cfg.recompute_old_logp:
+    logp = split_micro_map(cfg, lambda b: policies.token_logprobs(
+        cfg.policy, params, frozen, specs, b, temperature=cfg.temperature)[0], batch)
+    if cfg.tis_cap is not None:
+      is_weight = jnp.where(samples.token_mask, losses.tis_weight(
+          layout.flatten(cfg.policy, logp), flat_field(cfg, batch, "old_logp"), cfg.tis_cap,
+          cfg.loss.log_ratio_limit), 1.0)
+    batch = jax.tree.map(lambda b, lp: b.replace(old_logp=jnp.where(
+        b.samples.token_mask, lp, 0.0)), batch, logp, is_leaf=lambda x: hasattr(x, "old_logp"))
+  adv = adv_lib.estimate(samples, cfg.advantage, cfg.space, axis_name=BATCH_AXES)
+  targets = RolloutTargets(advantages=adv.advantages, returns=adv.returns,
+                           sample_mask=adv.sample_mask, is_weight=is_weight)
+  return batch, layout.unflatten(cfg.policy, targets, batch), adv.metrics
+
+
 class Prepass(NamedTuple):
   """What every micro-batch needs from the whole local batch."""
   adv: adv_lib.AdvantageOutput  # advantages / returns [n, R], kept samples [n]
@@ -112,16 +164,26 @@ class Prepass(NamedTuple):
   terms0: Any  # loss terms at the behaviour log-probs (accumulator shapes)
   metrics0: Any
   value_metrics0: Any
+  is_weight: jax.Array | None = None  # [n, R] truncated IS weights (RolloutTargets)
 
 
-def advantages_and_denominators(cfg: TrainConfig, batch: Any) -> Prepass:
-  """Advantages (exact global group statistics) and every loss term's global denominators."""
+def advantages_and_denominators(cfg: TrainConfig, batch: Any,
+                                targets: Any = None) -> Prepass:
+  """Advantages (exact global group statistics; or the rollout's `targets`) and every loss
+  term's global denominators (over this batch: with mini-batches, over the mini-batch)."""
   A, Pn = cfg.space.num_agents, cfg.policy.num_policies
   samples = flat_field(cfg, batch, "samples")
   old_logp = flat_field(cfg, batch, "old_logp")
   chex.assert_rank(old_logp, 2)
   chex.assert_equal_shape([old_logp, samples.token_mask])
-  adv = adv_lib.estimate(samples, cfg.advantage, cfg.space, axis_name=BATCH_AXES)
+  is_weight = None
+  if targets is None:
+    adv = adv_lib.estimate(samples, cfg.advantage, cfg.space, axis_name=BATCH_AXES)
+  else:
+    t = layouts.of(cfg.policy).flatten(cfg.policy, targets)
+    adv = adv_lib.AdvantageOutput(advantages=t.advantages, returns=t.returns,
+                                  sample_mask=t.sample_mask & samples.sample_mask, metrics={})
+    is_weight = t.is_weight
   tmask = samples.token_mask & adv.sample_mask[:, None]
   # Denominators depend on masks only: evaluate the terms once at the behaviour log-probs.
   ent0 = jnp.zeros_like(old_logp) if cfg.with_entropy else None
@@ -135,7 +197,7 @@ def advantages_and_denominators(cfg: TrainConfig, batch: Any) -> Prepass:
     v0, value_metrics0 = losses.value_loss(
         *value_inputs(cfg.advantage.estimator, zeros, samples, zeros, tmask), cfg.loss)
     dens["value"] = jax.lax.psum(v0.den, BATCH_AXES)
-  return Prepass(adv, tmask, dens, terms0, metrics0, value_metrics0)
+  return Prepass(adv, tmask, dens, terms0, metrics0, value_metrics0, is_weight)
 
 
 def critic_loss(cfg: TrainConfig, params, frozen, specs, b, returns, tmask, dens
@@ -151,19 +213,21 @@ def critic_loss(cfg: TrainConfig, params, frozen, specs, b, returns, tmask, dens
 
 
 def micro_batch_loss(cfg: TrainConfig, params, frozen, specs, mb, dens):
-  """Loss of one micro-batch `mb = (batch, advantages, tmask, returns)` (layout of the batch):
+  """Loss of one micro-batch `mb = (batch, advantages, tmask, returns, is_weight)` (layout of
+  the batch):
   the total [] (or [1 + A]: total, then each agent's share), and (terms, metrics,
   value_metrics)."""
   A, Pn = cfg.space.num_agents, cfg.policy.num_policies
   flat = lambda tree: layouts.of(cfg.policy).flatten(cfg.policy, tree)
-  b, adv_mb, tmask_mb, returns_mb = mb
+  b, adv_mb, tmask_mb, returns_mb, is_weight_mb = mb
   logp, ent = policies.token_logprobs(cfg.policy, params, frozen, specs, b,
                                       temperature=cfg.temperature,
                                       with_entropy=cfg.with_entropy, remat=cfg.remat)
   terms, metrics = segment_terms(
       cfg, flat(logp), flat_field(cfg, b, "old_logp"), flat(adv_mb), flat(tmask_mb),
       flat_field(cfg, b, "ref_logp"), None if ent is None else flat(ent),
-      _segments(cfg, flat_field(cfg, b, "samples")), Pn * A)
+      _segments(cfg, flat_field(cfg, b, "samples")), Pn * A,
+      None if is_weight_mb is None else flat(is_weight_mb))
   nums = {k: t.num.reshape(Pn, A) for k, t in terms.items()}
   total = jnp.sum(losses.total_loss({k: losses.NumDen(n.sum(1), dens[k].sum(1))
                                      for k, n in nums.items()}, cfg.loss))
@@ -247,16 +311,18 @@ def step_metrics(cfg: TrainConfig, loss, pre: Prepass, samples, terms, metrics, 
   return report
 
 
-def local_grads(cfg: TrainConfig, params, frozen, batch, specs):
-  """Per-device body: advantages, denominators, accumulated gradients, metrics."""
+def local_grads(cfg: TrainConfig, params, frozen, batch, targets: Any, specs):
+  """Per-device body: advantages (or the rollout's `targets`), denominators, accumulated
+  gradients, metrics."""
   train_specs, _ = specs
   layout = layouts.of(cfg.policy)
   params = jax.tree.map(
       lambda s, x: jax.lax.pcast(x, reduce_axes(s), to="varying") if reduce_axes(s) else x,
       train_specs, params, is_leaf=is_spec)
-  pre = advantages_and_denominators(cfg, batch)
+  pre = advantages_and_denominators(cfg, batch, targets)
   mb_inputs = (batch,) + tuple(layout.unflatten(cfg.policy, x, batch) for x in (
-      pre.adv.advantages, pre.tmask, pre.adv.returns))
+      pre.adv.advantages, pre.tmask, pre.adv.returns)) + (
+          None if pre.is_weight is None else layout.unflatten(cfg.policy, pre.is_weight, batch),)
   grads, out, (terms, metrics, value_metrics) = accumulate_grads(cfg, params, frozen, specs,
                                                                  mb_inputs, pre)
   # One all-reduce per leaf over the batch axes it is replicated on.

@@ -5,7 +5,13 @@
     state = fns.init(trainable)                             # TrainState (takes ownership)
     batch = fns.shard_batch(batch)
     batch = fns.old_values(state.params, frozen, batch)     # critic configs only (MARFT)
-    state, metrics = fns.step(state, frozen, batch)
+    state, metrics = fns.step(state, frozen, batch)         # one update per rollout, or:
+    batch, targets, adv_metrics = fns.prepare(state.params, frozen, batch)
+    state, metrics = fns.step(state, frozen, mini_batch, targets_of_mini_batch)  # per update
+
+PPO mini-batches and epochs (`parallel/minibatch.py` drives the updates) need the rollout's
+advantages fixed before the first update: `prepare` computes them over the whole rollout
+(`gradients.rollout_targets`), and each update's step takes them as `RolloutTargets`.
 
 Inside the shard_map each device holds a slice of the samples and FSDP shards of the params, and
 `parallel/gradients.local_grads` computes advantages, global loss denominators, gradients
@@ -60,7 +66,9 @@ class TrainConfig:
     space: id ranges of the batch (static segment counts).
     agent_policies: policy of each agent (len = space.num_agents); None: every agent uses
       policy 0 when there is one policy, agent i uses policy i when there is one per agent.
-    temperature: sampling temperature (log-probs are those of logits / temperature).
+    temperature: the learner's temperature: its log-probs are log_softmax(logits / temperature).
+      The paper configs say which they use (verl-based AT-GRPO / Dr. MAS: the sampling one;
+      CoMLRL's MAGRPO and MARFT: 1).
     micro_batches: gradient accumulation steps per device.
     remat: rematerialise each layer in the backward pass instead of keeping its activations
       (SmolLM2-135M, 8 x 256 tokens, one CPU core: peak RSS 3.2 GB instead of 7.5 GB for ~3%
@@ -68,6 +76,16 @@ class TrainConfig:
     with_entropy: compute per-token entropies (for an entropy bonus, else only the metric).
     agent_grad_norms: report per-agent gradient norms (A extra backward passes).
     target_kl: skip the policy update when the approximate KL exceeds this (MARFT); None: off.
+    mini_batch_size: samples per optimizer update (per policy block for stacked / mapped
+      teams): each epoch shuffles the rollout's kept samples and updates once per
+      mini-batch (`parallel/minibatch.py`); None: the whole rollout batch in one update.
+    epochs: passes over the rollout batch (PPO epochs).
+    recompute_old_logp: before the first update, replace the sampler's log-probs by the
+      learner's (a teacher-forced forward at `temperature`; verl's default), so the PPO ratio
+      measures only the policy's change.
+    tis_cap: truncated importance-sampling weight min(exp(learner - sampler log-prob), tis_cap)
+      on every token's policy loss, for the sampler/learner mismatch (verl, Tunix); needs
+      `recompute_old_logp`. None: off.
   """
   policy: policies.PolicyConfig
   advantage: adv_lib.AdvantageConfig
@@ -80,6 +98,10 @@ class TrainConfig:
   with_entropy: bool = True
   agent_grad_norms: bool = False
   target_kl: float | None = None
+  mini_batch_size: int | None = None
+  epochs: int = 1
+  recompute_old_logp: bool = False
+  tis_cap: float | None = None
 
   def __post_init__(self):
     A, Pn = self.space.num_agents, self.policy.num_policies
@@ -105,20 +127,39 @@ class TrainConfig:
     if self.micro_batches < 1 or not self.temperature > 0:
       raise ValueError(f"micro_batches must be >= 1 and temperature > 0, got "
                        f"{self.micro_batches}, {self.temperature}")
+    if self.epochs < 1 or (self.mini_batch_size is not None and self.mini_batch_size < 1):
+      raise ValueError(f"epochs must be >= 1 and mini_batch_size >= 1 (or None), got "
+                       f"{self.epochs}, {self.mini_batch_size}")
+    if self.loss.policy_loss == "reinforce" and (self.epochs > 1 or self.mini_batch_size):
+      raise ValueError(f"policy_loss 'reinforce' is on-policy (one update per rollout); got "
+                       f"epochs={self.epochs}, mini_batch_size={self.mini_batch_size}, "
+                       "expected 1 and None")
+    if self.tis_cap is not None and not (self.recompute_old_logp and self.tis_cap > 0):
+      raise ValueError(f"tis_cap={self.tis_cap} needs recompute_old_logp=True (the learner's "
+                       "log-probs to weigh against the sampler's) and a cap > 0")
 
   @property
   def entropy_needed(self) -> bool:
     return self.loss.entropy_coef != 0.0
 
+  @property
+  def uses_targets(self) -> bool:
+    """Whether updates take the rollout's targets from `prepare` (else one plain step)."""
+    return (self.mini_batch_size is not None or self.epochs > 1 or self.recompute_old_logp)
+
 
 class TrainFns(NamedTuple):
   init: Callable[[Any], TrainState]
-  step: Callable[[TrainState, Any, Any], tuple[TrainState, dict[str, jax.Array]]]
+  # (state, frozen, batch[, targets]) -> (state, metrics)
+  step: Callable[..., tuple[TrainState, dict[str, jax.Array]]]
   shard_params: Callable[[Any, Any], tuple[Any, Any]]  # (trainable, frozen) -> on the mesh
   shard_batch: Callable[[Any], Any]
   # (trainable, frozen, batch) -> the batch with the critic's rollout-time values filled in
   # (`samples.values`, `samples.token_values`); None without a critic.
   old_values: Callable[[Any, Any, Any], Any] | None = None
+  # (trainable, frozen, batch) -> (batch, RolloutTargets, advantage metrics): the once-per-rollout
+  # pass of `gradients.rollout_targets`.
+  prepare: Callable[[Any, Any, Any], tuple[Any, gradients.RolloutTargets, Any]] | None = None
 
 
 def guarded_update(cfg: TrainConfig, tx: optax.GradientTransformation,
@@ -189,6 +230,10 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
                      "combined with a custom optimizer")
   tx = optim.by_key(parts) if optimizer is None else optimizer
   fsdp = mesh.shape[FSDP]
+  shards = batch_shards(mesh) * cfg.micro_batches
+  if cfg.mini_batch_size is not None and cfg.mini_batch_size % shards:
+    raise ValueError(f"mini_batch_size={cfg.mini_batch_size} does not split into devices x "
+                     f"micro_batches = {shards}; expected a multiple of {shards}")
   spec = layouts.batch_spec(pcfg, BATCH_AXES)
   batch_specs = lambda batch: jax.tree.map(lambda _: spec, batch)
   param_specs = lambda trainable, frozen: policies.param_specs(pcfg, trainable, frozen, fsdp)
@@ -204,8 +249,12 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
 
     return run
 
-  sharded_grads = sharded(lambda p, f, specs, b: gradients.local_grads(cfg, p, f, b, specs),
+  # `b` is the batch, or (batch, RolloutTargets) of one update of a rollout.
+  sharded_grads = sharded(lambda p, f, specs, b: gradients.local_grads(
+      cfg, p, f, *((b, None) if not isinstance(b, tuple) else b), specs),
                           lambda specs, batch: (specs[0], P()))
+  sharded_prepare = sharded(lambda p, f, specs, b: gradients.rollout_targets(cfg, p, f, specs, b),
+                            lambda specs, batch: (batch_specs(batch), spec, P()))
   sharded_old_values = sharded(lambda p, f, specs, b: fill_old_values(cfg, p, f, specs, b),
                                lambda specs, batch: batch_specs(batch))
 
@@ -214,14 +263,16 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
     return guarded_update(cfg, tx, parts, state, grads, metrics)
 
   jitted_old_values = jax.jit(sharded_old_values, compiler_options=compiler_options)
+  jitted_prepare = jax.jit(sharded_prepare, compiler_options=compiler_options)
   step_jits: dict[Any, Any] = {}
 
   def check(batch):
-    layouts.validate_batch(pcfg, cfg.space, cfg.agent_policies, batch,
-                           batch_shards(mesh) * cfg.micro_batches)
+    layouts.validate_batch(pcfg, cfg.space, cfg.agent_policies, batch, shards)
 
-  def checked_step(state, frozen, batch):
+  def checked_step(state, frozen, batch, targets=None):
     check(batch)
+    if targets is not None:
+      batch = (batch, targets)
     # The new state keeps the old state's shardings (those `init` chose), so every step after
     # the first hits the compilation cache and callers see stable array shardings.
     shardings = jax.tree.map(lambda x: x.sharding, state)
@@ -234,6 +285,10 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
   def checked_old_values(params, frozen, batch):
     check(batch)
     return jitted_old_values(params, frozen, batch)
+
+  def checked_prepare(params, frozen, batch):
+    check(batch)
+    return jitted_prepare(params, frozen, batch)
 
   def shard_params(trainable, frozen):
     specs = param_specs(trainable, frozen)
@@ -254,4 +309,5 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
 
   return TrainFns(init=init, step=checked_step, shard_params=shard_params,
                   shard_batch=shard_batch,
-                  old_values=checked_old_values if pcfg.critic is not None else None)
+                  old_values=checked_old_values if pcfg.critic is not None else None,
+                  prepare=checked_prepare)

@@ -87,9 +87,20 @@ def base_config() -> ml_collections.ConfigDict:
   c.name = "run"
   # eval_only: the table rows without RL (experiments.train refuses them; evaluate runs them).
   # target_kl: skip a policy update whose approximate KL exceeds it (MARFT); None = never.
+  # mini_batch_size: samples per optimizer update (per policy for stacked / mapped teams; a
+  # multiple of devices x micro_batches), None = the whole rollout in one update; epochs: PPO
+  # passes over the rollout (parallel/minibatch.py). recompute_old_logp: the learner's log-probs
+  # replace the sampler's before the first update (verl's default); tis_cap: truncated IS weight
+  # min(exp(learner - sampler log-prob), cap) per token (needs recompute_old_logp), None = off.
+  # learner_temperature: the loss's log-probs are log_softmax(logits / T); None = the sampling
+  # temperature (1 when sampling greedily).
   c.train = ml_collections.ConfigDict(dict(steps=200, micro_batches=1, remat=False,
                                            mesh=(-1, 1, 1), eval_only=False,
-                                           target_kl=config_dict.placeholder(float)))
+                                           target_kl=config_dict.placeholder(float),
+                                           mini_batch_size=config_dict.placeholder(int),
+                                           epochs=1, recompute_old_logp=False,
+                                           tis_cap=config_dict.placeholder(float),
+                                           learner_temperature=config_dict.placeholder(float)))
   # eval.top_p: nucleus of evaluation sampling; None = sampling.top_p.
   c.eval = ml_collections.ConfigDict(dict(every=10, num_problems=100, seed_offset=1_000_000,
                                           k=1, temperature=0.0, at_start=True,
@@ -164,7 +175,7 @@ def build(c: ml_collections.ConfigDict) -> Built:
       raise ValueError(f"config.{field}={name!r} is neither a known preset "
                        f"({sorted(model_config.PRESETS)}) nor an existing file or directory")
   for field in ("rollout.k", "rollout.problems_per_step", "train.steps", "env.max_turns",
-                "eval.every", "eval.num_problems", "eval.k", "train.micro_batches",
+                "eval.every", "eval.num_problems", "eval.k", "train.micro_batches", "train.epochs",
                 "checkpoint.every_steps", "checkpoint.max_to_keep", "sampling.max_new_tokens"):
     group, name = field.split(".")
     value = c[group][name]
@@ -182,6 +193,7 @@ def build(c: ml_collections.ConfigDict) -> Built:
     if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
         or value < 0):
       raise ValueError(f"config.{field}={value!r}; expected a finite number >= 0 (0: greedy)")
+  _check_updates(c)
   top_k = c.sampling.top_k
   if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
     raise ValueError(f"config.sampling.top_k={top_k!r}; expected an integer >= 0 (0: off)")
@@ -272,6 +284,42 @@ def _check_rollout(c: ml_collections.ConfigDict, spec: WorkflowSpec) -> None:
       and algo.estimator in ("grpo", "at_grpo", "dr_grpo", "rloo")):
     raise ValueError(f"config.rollout.k={k} puts one sample in every (problem, turn, agent) group "
                      f"of estimator {algo.estimator!r}, so every advantage is 0; expected k >= 2")
+
+
+def learner_temperature(c: ml_collections.ConfigDict) -> float:
+  """The learner's temperature: config.train.learner_temperature, else the sampling one (1 for
+  greedy sampling)."""
+  if c.train.learner_temperature is not None:
+    return c.train.learner_temperature
+  return c.sampling.temperature if c.sampling.temperature > 0 else 1.0
+
+
+def _check_updates(c: ml_collections.ConfigDict) -> None:
+  """Mini-batches, epochs, old log-probs, TIS and the learner temperature (one line each)."""
+  t = c.train
+  size = t.mini_batch_size
+  if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+    raise ValueError(f"config.train.mini_batch_size={size!r}; expected an integer >= 1 or None")
+  if c.loss.policy_loss == "reinforce" and (t.epochs > 1 or size is not None):
+    raise ValueError(f"config.loss.policy_loss='reinforce' is on-policy (one update per "
+                     f"rollout); got config.train.epochs={t.epochs}, mini_batch_size={size}, "
+                     "expected 1 and None")
+  if not isinstance(t.recompute_old_logp, bool):
+    raise ValueError(f"config.train.recompute_old_logp={t.recompute_old_logp!r}; expected a bool")
+  if t.tis_cap is not None and (not t.tis_cap > 0 or not t.recompute_old_logp):
+    raise ValueError(f"config.train.tis_cap={t.tis_cap!r} needs a value > 0 and "
+                     "config.train.recompute_old_logp=True (the learner's log-probs to weigh "
+                     "against the sampler's)")
+  temp = t.learner_temperature
+  if temp is not None and (isinstance(temp, bool) or not math.isfinite(temp) or not temp > 0):
+    raise ValueError(f"config.train.learner_temperature={temp!r}; expected a finite number > 0 "
+                     "or None (the sampling temperature)")
+  sampling = c.sampling.temperature if c.sampling.temperature > 0 else 1.0
+  if (c.loss.policy_loss == "ppo" and not t.recompute_old_logp
+      and learner_temperature(c) != sampling):
+    raise ValueError(f"config.train.learner_temperature={temp} differs from the sampling "
+                     f"temperature {sampling}, so PPO ratios would not start at 1; set "
+                     "config.train.recompute_old_logp=True (old log-probs from the learner)")
 
 
 @_user_errors

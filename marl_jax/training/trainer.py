@@ -34,7 +34,7 @@ from absl import logging
 from marl_jax.algos.batch import BatchShape
 from marl_jax.models import loading
 from marl_jax.models.tokenizer import Tokenizer
-from marl_jax.parallel import distributed, layouts, multihost, policies
+from marl_jax.parallel import distributed, layouts, minibatch, multihost, policies
 from marl_jax.parallel import mesh as mesh_lib
 from marl_jax.parallel.train_step import TrainConfig, make_train_step
 from marl_jax.sampling.params import SamplingParams
@@ -146,13 +146,15 @@ class Run:
         num_problems=c.rollout.problems_per_step, trajs_per_problem=trajs, branching=branching,
         max_turns=self.spec.max_turns, num_agents=len(self.spec.agents), multiple=shards // procs,
         min_rows=max(1, BatchShape.min_rows // procs))
-    temperature = c.sampling.temperature if c.sampling.temperature > 0 else 1.0
     self.train_cfg = TrainConfig(
         policy=self.policy, advantage=built.advantage, loss=built.loss, space=self.shape.space,
         agent_policies=tuple(self.spec.policy_id(a) for a in self.spec.agents),
-        temperature=temperature, micro_batches=c.train.micro_batches, remat=c.train.remat,
-        target_kl=c.train.target_kl)
+        temperature=config_lib.learner_temperature(c), micro_batches=c.train.micro_batches,
+        remat=c.train.remat, target_kl=c.train.target_kl,
+        mini_batch_size=c.train.mini_batch_size, epochs=c.train.epochs,
+        recompute_old_logp=c.train.recompute_old_logp, tis_cap=c.train.tis_cap)
     self.fns = make_train_step(self.train_cfg, self.mesh)
+    self.select_rows = jax.jit(minibatch.select_rows, static_argnums=0)
     self.run_key = jax.random.key(c.seed)
     trainable, frozen = policies.init_params(self.policy, jax.random.fold_in(self.run_key, 1),
                                              base=base)
@@ -207,7 +209,13 @@ class Run:
         self.policy, result.samples, self.shape, [t.pad_id for t in self.tokenizers], sizes))
     if self.fns.old_values is not None:  # MARFT: GAE needs the critic's values of these states
       batch = self.fns.old_values(self.state.params, self.frozen, batch)
-    self.state, metrics = self.fns.step(self.state, self.frozen, batch)
+    if self.train_cfg.uses_targets:  # PPO mini-batches / epochs: shuffles from (run key, step)
+      shuffle = np.random.default_rng(np.asarray(jax.random.key_data(
+          jax.random.fold_in(jax.random.fold_in(self.run_key, 3), step))))
+      self.state, metrics = minibatch.ppo_updates(self.fns, self.train_cfg, self.state,
+                                                  self.frozen, batch, shuffle, self.select_rows)
+    else:
+      self.state, metrics = self.fns.step(self.state, self.frozen, batch)
     out = _scalars(metrics, self.spec.agents)
     out.update(_rollout_metrics(result, self.spec.agents))
     out.update({"time/rollout_s": rollout_s, "time/train_s": time.monotonic() - start - rollout_s})

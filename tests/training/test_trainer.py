@@ -89,6 +89,11 @@ def test_end_to_end_outputs(model_dir, tmp_path):
     ("rollout.k", 0, "config.rollout.k=0"),
     ("model", "/no/such/model", "neither a known preset"),
     ("eval.top_p", 1.5, r"config.eval.top_p=1.5; expected a number in \(0, 1\]"),
+    ("train.epochs", 0, "config.train.epochs=0; expected an integer >= 1"),
+    ("train.mini_batch_size", 0, "config.train.mini_batch_size=0; expected an integer >= 1"),
+    ("train.tis_cap", 2.0, "config.train.tis_cap=2.0 needs .*recompute_old_logp=True"),
+    ("train.learner_temperature", 0.0, "config.train.learner_temperature=0.0; expected a finite"),
+    ("train.learner_temperature", 0.5, "differs from the sampling temperature 1.0"),
 ])
 def test_bad_config_fails_before_compute(model_dir, field, value, message):
   c = toy_task.toy_config(model_dir, steps=1)
@@ -112,3 +117,25 @@ def test_cli_reports_config_errors_in_one_line(tmp_path):
       env=_env(), capture_output=True, text=True, timeout=300,
       cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
   assert typo.returncode != 0 and "estimatr" in typo.stderr
+
+
+def test_mini_batch_updates_resume_exactly(model_dir, tmp_path):
+  """PPO mini-batches x epochs: the shuffles come from (run key, step), so a run resumed from
+  its step-2 checkpoint repeats steps 3-4 of an uninterrupted run bit for bit; every step made
+  2 epochs x 2 mini-batches of 8 (16 samples) and the later updates moved the ratio off 1."""
+
+  def config(steps):
+    c = toy_task.toy_config(model_dir, steps)
+    c.rollout.problems_per_step = 4
+    c.train.mini_batch_size, c.train.epochs = 8, 2
+    return c
+
+  trainer.train(config(4), str(tmp_path / "straight"))
+  trainer.train(config(2), str(tmp_path / "resumed"))
+  trainer.train(config(4), str(tmp_path / "resumed"))
+  want, got = _by_step(tmp_path / "straight"), _by_step(tmp_path / "resumed")
+  assert sorted(got) == sorted(want) == [1, 2, 3, 4]
+  for step in (3, 4):
+    assert got[step] == want[step], f"step {step} differs after the resume"
+  assert all(want[s]["train/updates"] == 4 for s in want)
+  assert any(abs(want[s]["train/ratio"] - 1.0) > 1e-3 for s in want)

@@ -1,0 +1,300 @@
+"""PPO mini-batches and epochs, old log-probs recomputed by the learner, truncated IS weights and
+the learner temperature.
+
+References are written here: GRPO advantages of the whole rollout and the dual-clip PPO loss in
+NumPy, log-probs from a full-sequence `decoder.forward` (log_softmax(logits / T) in NumPy).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from marl_jax.algos.advantages import AdvantageConfig
+from marl_jax.algos.batch import GroupSpace, TrainBatch, make_batch
+from marl_jax.algos.losses import LossConfig, tis_weight
+from marl_jax.algos.optim import OptimConfig
+from marl_jax.models import decoder
+from marl_jax.models.config import get_preset
+from marl_jax.models.lora import LoraConfig
+from marl_jax.parallel import minibatch, policies
+from marl_jax.parallel.mesh import make_mesh
+from marl_jax.parallel.train_step import TrainConfig, make_train_step
+
+MODEL = get_preset("tiny-llama")
+N, TP, R, A, K = 16, 6, 4, 2, 4  # samples, prompt len, response len, agents, samples per group
+SPACE = GroupSpace(num_problems=N // K, num_agents=A, max_turns=K // A, num_trajs=N // K)
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+init_params = jax.jit(policies.init_params, static_argnums=0, compiler_options=FAST_COMPILE)
+
+
+@jax.jit  # (FAST_COMPILE is not needed: one small forward)
+def logits_of(params, prompt, prompt_mask, response):
+  """Logits [N, R, V] that emit each response token: one full forward over prompt + response."""
+  tokens = jnp.concatenate([prompt, response], axis=1)
+  mask = jnp.concatenate([prompt_mask, jnp.ones(response.shape, bool)], axis=1)
+  logits, _ = decoder.forward(params, tokens, decoder.positions_from_mask(mask), MODEL,
+                              attn_mask=mask)
+  return logits[:, TP - 1:-1]
+
+
+def ref_logp(params, b: TrainBatch, temperature=1.0) -> np.ndarray:
+  """log_softmax(logits / T) at the response tokens, in NumPy (float64)."""
+  z = np.asarray(logits_of(params, b.prompt, b.prompt_mask, b.response), np.float64) / temperature
+  z = z - z.max(-1, keepdims=True)
+  logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+  return np.take_along_axis(logp, np.asarray(b.response)[..., None], -1)[..., 0]
+
+
+def grpo_advantages(b: TrainBatch) -> np.ndarray:
+  """[N] GRPO advantages over the whole rollout (groups = problems, std with ddof 0)."""
+  s = b.samples
+  r, g = np.asarray(s.rewards, np.float64), np.asarray(s.problem_id)
+  return np.array([(r[i] - r[g == g[i]].mean()) / (r[g == g[i]].std() + 1e-6)
+                   for i in range(len(r))])
+
+
+def ppo_terms(logp, old_logp, adv, mask, w=None, clip=0.2, dual=3.0):
+  """(token-mean dual-clip PPO loss, mean ratio, clip fraction) over `mask`, NumPy."""
+  ratio = np.exp(logp - old_logp)
+  adv = np.broadcast_to(adv[:, None], ratio.shape)
+  plain, clipped = -adv * ratio, -adv * np.clip(ratio, 1 - clip, 1 + clip)
+  per_token = np.maximum(plain, clipped)
+  per_token = np.where(adv < 0, np.minimum(per_token, -dual * adv), per_token)
+  if w is not None:
+    per_token = per_token * w
+  return (per_token[mask].mean(), ratio[mask].mean(), (clipped > plain)[mask].mean())
+
+
+def make_batch_at(params, seed=0, noise=0.0, policy_of_agent=(0, 0)) -> TrainBatch:
+  """N samples, K per problem; old log-probs = the params' own (+ noise: a mismatched sampler)."""
+  rng = np.random.default_rng(seed)
+  agent = np.arange(N) % A
+  pad = rng.integers(0, 3, N)
+  prompt_mask = np.arange(TP)[None] >= pad[:, None]
+  prompt = np.where(prompt_mask, rng.integers(1, MODEL.vocab_size, (N, TP)), 0).astype(np.int32)
+  response = rng.integers(1, MODEL.vocab_size, (N, R)).astype(np.int32)
+  token_mask = np.arange(R)[None] < rng.integers(1, R + 1, N)[:, None]
+  samples = jax.tree.map(np.asarray, make_batch(
+      rng.normal(size=N).astype(np.float32), problem_id=np.arange(N) // K, agent_id=agent,
+      policy_id=np.asarray(policy_of_agent)[agent], token_mask=token_mask,
+      traj_id=np.arange(N) // K, turn=(np.arange(N) % K) // A,
+      token_values=rng.normal(size=(N, R)).astype(np.float32)))
+  b = TrainBatch(prompt=prompt, prompt_mask=prompt_mask, response=response,
+                 old_logp=np.zeros((N, R), np.float32), samples=samples)
+  logp = ref_logp(params, b) + noise * rng.normal(size=(N, R))
+  return b.replace(old_logp=np.where(token_mask, logp, 0.0).astype(np.float32))
+
+
+def build(mesh_shape=(1, 1, 1), kind="shared", P=1, estimator="grpo", lr=1e-3, loss=None,
+          **cfg_kw):
+  policy = policies.PolicyConfig(kind=kind, models=(MODEL,), num_policies=P,
+                                 optim=(OptimConfig(lr=lr, eps=1e-2, max_grad_norm=1e9),),
+                                 **({"lora": LoraConfig(rank=4, alpha=8.0), "critic": (16,)}
+                                    if kind == "lora" else {}))
+  cfg = TrainConfig(policy=policy, advantage=AdvantageConfig(estimator),
+                    loss=loss or LossConfig(), space=SPACE, **cfg_kw)
+  devices = jax.devices()[:int(np.prod(mesh_shape))]
+  return cfg, make_train_step(cfg, make_mesh(*mesh_shape, devices=devices),
+                              compiler_options=FAST_COMPILE)
+
+
+def start(fns, trainable, frozen, batch):
+  trainable, frozen = fns.shard_params(*jax.tree.map(np.asarray, (trainable, frozen)))
+  return fns.init(trainable), frozen, fns.shard_batch(batch)
+
+
+def host(tree):
+  return jax.tree.map(np.array, jax.device_get(tree))
+
+
+def test_plan_covers_every_kept_row_once_per_epoch():
+  kept = [np.array([1, 1, 0, 1, 1, 1, 0, 1], bool), np.array([1, 0, 0, 0, 1, 0, 0, 0], bool)]
+  mbs = minibatch.plan(kept, 4, np.random.default_rng(0))
+  assert len(mbs) == 2  # block 0 has 6 kept rows: ceil(6 / 4)
+  for b, k in enumerate(kept):
+    rows = np.concatenate([idx[b][valid[b]] for idx, valid in mbs])
+    np.testing.assert_array_equal(np.sort(rows), np.flatnonzero(k))
+  assert [v[1].sum() for _, v in mbs] == [2, 0]  # block 1's second mini-batch is all padding
+
+
+def test_two_mini_batches_two_epochs_ppo_against_numpy():
+  """2 mini-batches x 2 epochs, shuffled: advantages of the whole rollout, old log-probs of the
+  rollout; from the second update on the ratio is not 1 and each update's loss, ratio and clip
+  fraction match NumPy on that update's own log-probs. `ppo_updates` runs the same updates."""
+  cfg, fns = build(mini_batch_size=8, epochs=2, lr=0.05)
+  trainable, frozen = init_params(cfg.policy, jax.random.key(0))
+  b = make_batch_at(trainable["policy"])
+  adv = grpo_advantages(b)
+  state, frozen_s, batch = start(fns, trainable, frozen, b)
+  full, targets, adv_metrics = fns.prepare(state.params, frozen_s, batch)
+  kept = [np.asarray(targets.sample_mask)]
+  rng = np.random.default_rng(7)
+  seen, ratios, losses = [], [], []
+  for epoch in range(2):
+    for idx, valid in minibatch.plan(kept, 8, rng):
+      rows = idx[0][valid[0]]
+      seen.append(rows)
+      params = host(state.params["policy"])
+      mb, mt = fns.shard_batch(minibatch.select_rows(cfg, full, targets, idx, valid))
+      state, m = fns.step(state, frozen_s, mb, mt)
+      sub = jax.tree.map(lambda x: np.asarray(x)[rows], b)
+      loss, ratio, clip_frac = ppo_terms(ref_logp(params, sub), sub.old_logp, adv[rows],
+                                         sub.samples.token_mask)
+      np.testing.assert_allclose(m["loss"], loss, rtol=2e-4, atol=1e-6)
+      np.testing.assert_allclose(m["ratio"], ratio, rtol=1e-5)
+      np.testing.assert_allclose(m["clip_frac"], clip_frac, atol=1e-6)
+      ratios.append(ratio), losses.append(float(m["loss"]))
+  assert len(seen) == 4 and all(len(r) == 8 for r in seen)
+  assert sorted(np.concatenate(seen[:2])) == list(range(N))  # one epoch = every sample once
+  assert not np.array_equal(seen[0], seen[2])  # reshuffled each epoch
+  # Groups span the mini-batches: the first one's advantages are not those of its rows alone.
+  assert len(set(b.samples.problem_id[seen[0]])) > 2
+  np.testing.assert_allclose(ratios[0], 1.0, atol=1e-5)
+  assert abs(ratios[1] - 1.0) > 1e-3
+  # The driver: same updates from the same shuffle seed -> same params, mean metrics.
+  state2, _, _ = start(fns, trainable, frozen, b)
+  state2, out = minibatch.ppo_updates(fns, cfg, state2, frozen_s, fns.shard_batch(b),
+                                      np.random.default_rng(7))
+  assert out["updates"] == 4 and out["policy_skipped"] == 0
+  np.testing.assert_allclose(out["loss"], np.mean(losses), rtol=1e-5)
+  np.testing.assert_allclose(out["ratio"], np.mean(ratios), rtol=1e-5)
+  assert out["clip_frac"] > 0  # lr 0.05: later updates leave the clip range
+  assert adv_metrics and all(np.allclose(out[f"adv/{k}"], v) for k, v in adv_metrics.items())
+  for x, y in zip(jax.tree.leaves(host(state2.params)), jax.tree.leaves(host(state.params))):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_target_kl_skips_policy_but_trains_critic():
+  """MARFT: an update whose approximate KL exceeds target_kl leaves the policy bitwise unchanged
+  while the critic still trains; the first update (ratio 1, KL 0) updates both."""
+  cfg, fns = build(kind="lora", P=2, estimator="gae_token", lr=0.05, mini_batch_size=8,
+                   epochs=2, target_kl=1e-4, loss=LossConfig(dual_clip=None))
+  trainable, frozen = init_params(cfg.policy, jax.random.key(0))
+  b = make_batch_at(frozen["base"], policy_of_agent=(0, 1))  # adapters start at B = 0: base
+  state, frozen_s, batch = start(fns, trainable, frozen, b)
+  full, targets, _ = fns.prepare(state.params, frozen_s, batch)
+  kls, skipped = [], 0
+  for _ in range(2):
+    for idx, valid in minibatch.plan([np.asarray(targets.sample_mask)], 8,
+                                     np.random.default_rng(1)):
+      before = host(state.params)
+      mb, mt = fns.shard_batch(minibatch.select_rows(cfg, full, targets, idx, valid))
+      state, m = fns.step(state, frozen_s, mb, mt)
+      after = host(state.params)
+      kls.append(float(m["approx_kl"]))
+      same = [np.array_equal(x, y) for x, y in zip(jax.tree.leaves(before["policy"]),
+                                                   jax.tree.leaves(after["policy"]))]
+      assert not any(np.array_equal(x, y) for x, y in zip(
+          jax.tree.leaves(before["critic"]), jax.tree.leaves(after["critic"])))
+      if kls[-1] > 1e-4:
+        assert all(same) and not m["policy_updated"]
+        skipped += 1
+      else:
+        assert not all(same) and m["policy_updated"]
+  assert kls[0] < 1e-6 and skipped >= 1
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_recompute_old_logp_and_tis_weight(temperature):
+  """Recomputed old log-probs = a teacher-forced forward at the learner temperature; the TIS
+  weight is min(exp(learner - sampler), cap) per token, and the first update's loss is the
+  PPO loss (ratio 1) weighted by it."""
+  cap = 1.2
+  cfg, fns = build(mesh_shape=(2, 1, 1), recompute_old_logp=True, tis_cap=cap,
+                   temperature=temperature, micro_batches=2)
+  trainable, frozen = init_params(cfg.policy, jax.random.key(0))
+  b = make_batch_at(trainable["policy"], noise=0.3)  # the sampler differs from the learner
+  state, frozen_s, batch = start(fns, trainable, frozen, b)
+  full, targets, _ = fns.prepare(state.params, frozen_s, batch)
+  mask = b.samples.token_mask
+  learner = ref_logp(trainable["policy"], b, temperature)
+  np.testing.assert_allclose(np.asarray(full.old_logp), np.where(mask, learner, 0.0),
+                             atol=2e-5)
+  w = np.minimum(np.exp(learner - b.old_logp), cap)
+  assert (w[mask] == cap).any() and (w[mask] < cap).any()  # both sides of the cap
+  np.testing.assert_allclose(np.asarray(targets.is_weight)[mask], w[mask], rtol=1e-4)
+  _, m = fns.step(state, frozen_s, full, targets)
+  loss, ratio, _ = ppo_terms(learner, learner, grpo_advantages(b), mask, w=w)
+  np.testing.assert_allclose(m["loss"], loss, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(m["ratio"], 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_loss_uses_learner_temperature(temperature):
+  """REINFORCE (MAGRPO): the loss differentiates log_softmax(logits / T_learner)."""
+  loss_cfg = LossConfig(policy_loss="reinforce", aggregation="token_mean")
+  cfg, fns = build(loss=loss_cfg, temperature=temperature)
+  trainable, frozen = init_params(cfg.policy, jax.random.key(0))
+  b = make_batch_at(trainable["policy"])
+  # No tokens for each group's first sample: the trained advantages no longer sum to 0, so the
+  # loss depends on the log-probs' level, not only on their spread.
+  tm = b.samples.token_mask.copy()
+  tm[::K] = False
+  b = b.replace(samples=b.samples.replace(token_mask=tm))
+  state, frozen_s, batch = start(fns, trainable, frozen, b)
+  _, m = fns.step(state, frozen_s, batch)
+  logp, mask = ref_logp(trainable["policy"], b, temperature), b.samples.token_mask
+  want = (-logp * grpo_advantages(b)[:, None])[mask].mean()
+  np.testing.assert_allclose(m["loss"], want, rtol=1e-4)
+  other = ref_logp(trainable["policy"], b, 1.7 - temperature)  # the other temperature
+  # (A tiny random model's logits are nearly flat, so T moves the loss little: still 10x the
+  # tolerance above.)
+  assert abs((-other * grpo_advantages(b)[:, None])[mask].mean() - want) > 10 * 1e-4 * abs(want)
+
+
+def test_refusals():
+  with pytest.raises(ValueError, match="'reinforce' is on-policy"):
+    build(loss=LossConfig(policy_loss="reinforce"), epochs=2)
+  with pytest.raises(ValueError, match="tis_cap=2.0 needs recompute_old_logp"):
+    build(tis_cap=2.0)
+  with pytest.raises(ValueError, match="mini_batch_size=4 does not split into .* = 8"):
+    build(mesh_shape=(8, 1, 1), mini_batch_size=4)
+  with pytest.raises(ValueError, match="epochs must be >= 1"):
+    build(epochs=0)
+
+
+def test_tis_weight_matches_numpy():
+  rng = np.random.default_rng(0)
+  learner, sampler = rng.normal(size=(3, 5)), rng.normal(size=(3, 5))
+  np.testing.assert_allclose(tis_weight(learner, sampler, 2.0),
+                             np.minimum(np.exp(learner - sampler), 2.0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["stacked", "mapped"])
+def test_per_policy_blocks_select_and_update(kind):
+  """Stacked / mapped teams: each policy block is shuffled and cut on its own; a mini-batch
+  holds exactly the host-indexed rows of each block (masked slots beyond them), and the
+  updates run: ceil(8 kept rows / 4) = 2 per epoch, the first at ratio 1."""
+  names = ("solver", "verifier") if kind == "mapped" else ()
+  policy = policies.PolicyConfig(kind=kind, models=(MODEL,) * (2 if names else 1),
+                                 num_policies=2, names=names,
+                                 optim=(OptimConfig(lr=0.05, eps=1e-2),))
+  cfg = TrainConfig(policy=policy, advantage=AdvantageConfig("grpo"), loss=LossConfig(),
+                    space=SPACE, mini_batch_size=4, epochs=1)
+  fns = make_train_step(cfg, make_mesh(2, 1, 1, devices=jax.devices()[:2]),
+                        compiler_options=FAST_COMPILE)
+  one = jax.jit(decoder.init_params, static_argnums=0)(MODEL, jax.random.key(0))
+  trainable, frozen = init_params(policy, jax.random.key(1),
+                                  base={k: one for k in names} if names else one)
+  flat = make_batch_at(one, policy_of_agent=(0, 1))
+  agent = np.asarray(flat.samples.agent_id)
+  blocks = [jax.tree.map(lambda x, a=a: np.asarray(x)[agent == a], flat) for a in range(A)]
+  batch = dict(zip(names, blocks)) if names else jax.tree.map(lambda *x: np.stack(x), *blocks)
+  state, frozen_s, sharded = start(fns, trainable, frozen, batch)
+  full, targets, _ = fns.prepare(state.params, frozen_s, sharded)
+  kept = [np.ones(N // A, bool)] * A
+  (idx, valid), *rest = minibatch.plan(kept, 4, np.random.default_rng(0))
+  assert len(rest) == 1 and all(v.all() for v in valid)
+  mb, mt = minibatch.select_rows(cfg, full, targets, idx, valid)
+  got = [mb[k] for k in names] if names else [jax.tree.map(lambda x, p=p: x[p], mb)
+                                              for p in range(A)]
+  for p in range(A):
+    np.testing.assert_array_equal(np.asarray(got[p].response), blocks[p].response[idx[p]])
+    np.testing.assert_array_equal(np.asarray(got[p].samples.rewards),
+                                  blocks[p].samples.rewards[idx[p]])
+  state, out = minibatch.ppo_updates(fns, cfg, state, frozen_s, sharded,
+                                     np.random.default_rng(0))
+  assert out["updates"] == 2 and np.isfinite(out["loss"]) and abs(out["ratio"] - 1.0) > 1e-4
