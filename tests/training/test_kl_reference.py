@@ -105,7 +105,7 @@ def _np_kl(logp: np.ndarray, ref: np.ndarray, estimator: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind,estimator", [("shared", "k1"), ("stacked", "k3"),
-                                            ("lora", "k3")])
+                                            ("mapped", "k1"), ("lora", "k3")])
 def test_kl_to_reference_through_the_trainer(model_dir, tmp_path, kind, estimator):
   c = _config(model_dir, kind, estimator)
   run = trainer.Run(c, str(tmp_path))
@@ -148,7 +148,8 @@ def test_kl_to_reference_through_the_trainer(model_dir, tmp_path, kind, estimato
   else:
     loaded = load_model(model_dir).params
     ref_params = jax.device_get(run.reference)
-    ref_one = ref_params if kind == "shared" else jax.tree.map(lambda x: x[1], ref_params)
+    ref_one = {"shared": lambda r: r, "stacked": lambda r: jax.tree.map(lambda x: x[1], r),
+               "mapped": lambda r: r["second"]}[kind](ref_params)
     for a, b in zip(jax.tree.leaves(ref_one), jax.tree.leaves(loaded)):
       assert np.array_equal(a, np.asarray(b))
     for a, b in zip(jax.tree.leaves(ref_params), jax.tree.leaves(initial)):
