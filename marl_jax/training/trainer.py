@@ -257,6 +257,10 @@ class Run:
         break
     samples, metrics = refill.select(results, n, self.advantage.group_by, self.advantage.alpha,
                                      self.shape.trajs_per_problem)
+    if metrics["rollout/refill_cap_hit"]:
+      logging.warning("dynamic sampling: %d of %d problems qualify after %d rollouts "
+                      "(rollout.max_refills=%d); training on those",
+                      metrics["rollout/qualifying_found"], n, len(results), c.rollout.max_refills)
     every = RolloutResult([s for r in results for s in r.samples],
                           [e for r in results for e in r.episodes],
                           sum(r.safety_events for r in results))
