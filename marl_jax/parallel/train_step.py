@@ -5,6 +5,7 @@
     state = fns.init(trainable)                             # TrainState (takes ownership)
     batch = fns.shard_batch(batch)
     batch = fns.old_values(state.params, frozen, batch)     # critic configs only (MARFT)
+    batch = fns.ref_logp(reference, frozen, batch)          # loss.kl_coef > 0 only
     state, metrics = fns.step(state, frozen, batch)         # one update per rollout, or:
     batch, targets, adv_metrics = fns.prepare(state.params, frozen, batch)
     state, metrics = fns.step(state, frozen, mini_batch, targets_of_mini_batch)  # per update
@@ -40,7 +41,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 from marl_jax.algos import advantages as adv_lib
 from marl_jax.algos import critic as critic_lib
 from marl_jax.algos import losses, optim
-from marl_jax.algos.batch import GroupSpace
+from marl_jax.algos.batch import GroupSpace, TrainBatch
 from marl_jax.parallel import gradients, layouts, policies, sharding
 from marl_jax.parallel.mesh import BATCH_AXES, FSDP, batch_shards
 
@@ -160,6 +161,12 @@ class TrainFns(NamedTuple):
   # (trainable, frozen, batch) -> (batch, RolloutTargets, advantage metrics): the once-per-rollout
   # pass of `gradients.rollout_targets`.
   prepare: Callable[[Any, Any, Any], tuple[Any, gradients.RolloutTargets, Any]] | None = None
+  # (reference, frozen, batch) -> the batch with `ref_logp` filled in (`fill_ref_logp`); None
+  # without a KL term. `reference`: `reference_params(...)` (None for LoRA).
+  ref_logp: Callable[[Any, Any, Any], Any] | None = None
+  # trainable -> the frozen KL reference: a copy of trainable['policy'] in new buffers (full
+  # models), None for LoRA (the base without adapters is the reference).
+  reference_params: Callable[[Any], Any] | None = None
 
 
 def guarded_update(cfg: TrainConfig, tx: optax.GradientTransformation,
@@ -208,6 +215,15 @@ def fill_old_values(cfg: TrainConfig, params, frozen, specs, batch):
         token_values=jnp.where(s.token_mask & s.sample_mask[:, None], values, 0.0)))
 
   return layouts.of(cfg.policy).groups(cfg.policy, batch, fill)
+
+
+def fill_ref_logp(cfg: TrainConfig, reference, frozen, specs, batch):
+  """The batch with the frozen reference's log-probs of its response tokens (`ref_logp`, the KL
+  term's input), inside shard_map. Like `fill_old_values`: one forward without gradients."""
+  logp = policies.reference_logprobs(cfg.policy, reference, frozen, specs, batch,
+                                     temperature=cfg.temperature)
+  return jax.tree.map(lambda b, lp: b.replace(ref_logp=jnp.where(b.samples.token_mask, lp, 0.0)),
+                      batch, logp, is_leaf=lambda x: isinstance(x, TrainBatch))
 
 
 def make_train_step(cfg: TrainConfig, mesh: Mesh,
@@ -264,6 +280,13 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
 
   jitted_old_values = jax.jit(sharded_old_values, compiler_options=compiler_options)
   jitted_prepare = jax.jit(sharded_prepare, compiler_options=compiler_options)
+  kl = cfg.loss.kl_coef != 0.0
+  adapters = layouts.of(pcfg).adapters
+  with_ref = lambda batch: jax.tree.map(lambda b: b.replace(ref_logp=b.old_logp), batch,
+                                        is_leaf=lambda x: isinstance(x, TrainBatch))
+  jitted_ref_logp = jax.jit(sharded(
+      lambda r, f, specs, b: fill_ref_logp(cfg, r["policy"], f, specs, b),
+      lambda specs, batch: batch_specs(with_ref(batch))), compiler_options=compiler_options)
   step_jits: dict[Any, Any] = {}
 
   def check(batch):
@@ -289,6 +312,15 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
   def checked_prepare(params, frozen, batch):
     check(batch)
     return jitted_prepare(params, frozen, batch)
+  def checked_ref_logp(reference, frozen, batch):
+    check(batch)
+    return jitted_ref_logp({"policy": reference}, frozen, batch)
+
+  # New buffers (a jitted copy; an identity would hand back the inputs), sharded like the params.
+  copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+
+  def reference_params(trainable):
+    return None if adapters else copy(trainable["policy"])
 
   def shard_params(trainable, frozen):
     specs = param_specs(trainable, frozen)
@@ -310,4 +342,6 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
   return TrainFns(init=init, step=checked_step, shard_params=shard_params,
                   shard_batch=shard_batch,
                   old_values=checked_old_values if pcfg.critic is not None else None,
-                  prepare=checked_prepare)
+                  prepare=checked_prepare,
+                  ref_logp=checked_ref_logp if kl else None,
+                  reference_params=reference_params if kl else None)

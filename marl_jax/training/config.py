@@ -76,12 +76,20 @@ def base_config() -> ml_collections.ConfigDict:
   # (as the calling user, see marl_jax/sandbox/runner.py); otherwise such a run stops at start-up.
   # mode: "tree" (AT-GRPO), "magrpo_tree" (MAGRPO's joint-action tree, k^max_turns leaves per
   # problem) or "independent" (k trajectories per problem); see workflows/rollout.py.
+  # max_refills: with algo.filter="zero_variance" (DAPO dynamic sampling), at most this many
+  # extra rollouts of problems_per_step fresh problems per step until problems_per_step problems
+  # have a group with non-zero reward variance (training/refill.py); 0 = no refill. Single-process
+  # runs only. Unused by the other filters.
   c.rollout = ml_collections.ConfigDict(dict(mode="tree", k=8, problems_per_step=32,
                                              tool_timeout_s=5.0, tool_memory_mb=512,
-                                             allow_unsandboxed=False))
+                                             allow_unsandboxed=False, max_refills=4))
   c.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_p=1.0, top_k=0,
                                               max_new_tokens=2048))
   c.algo = section(AdvantageConfig(estimator="at_grpo", filter="lowest_mean"))
+  # loss.kl_coef > 0: KL to a frozen reference. LoRA: the base without adapters (no extra
+  # memory). Full models (shared/stacked/mapped): a frozen copy of the initial policy params, as
+  # many bytes as those params (logged at start-up); not checkpointed, rebuilt from the
+  # pretrained weights on resume.
   c.loss = section(LossConfig())
   c.optim = section(OptimConfig())
   c.name = "run"
@@ -181,6 +189,12 @@ def build(c: ml_collections.ConfigDict) -> Built:
     value = c[group][name]
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ValueError(f"config.{field}={value!r}; expected an integer >= 1")
+  refills = c.rollout.max_refills
+  if not isinstance(refills, int) or isinstance(refills, bool) or refills < 0:
+    raise ValueError(f"config.rollout.max_refills={refills!r}; expected an integer >= 0")
+  kl_coef = c.loss.kl_coef
+  if isinstance(kl_coef, bool) or not isinstance(kl_coef, (int, float)) or not 0 <= kl_coef < math.inf:
+    raise ValueError(f"config.loss.kl_coef={kl_coef!r}; expected a finite number >= 0 (0: no KL term)")
   for field in ("rollout.tool_timeout_s", "rollout.tool_memory_mb"):
     group, name = field.split(".")
     value = c[group][name]

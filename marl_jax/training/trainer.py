@@ -2,10 +2,18 @@
 
     summary = train(config, workdir)
 
-Everything a step consumes is a function of (seed, step): training problems are seeds
-`step * problems_per_step + i`, sampling keys are `fold_in(run_key, step)`, so a run restarted
-from its last checkpoint (params, optimizer state, step, RNG key and data position) repeats
-exactly the steps an uninterrupted run would have taken.
+Everything a step consumes is a function of (seed, step, data position): training problems are
+consecutive fresh seeds from the data position `next_seed` (`step * problems_per_step` unless DAPO
+dynamic sampling rolled out extra problems, `training/refill.py`), sampling keys are
+`fold_in(run_key, step)`, so a run restarted from its last checkpoint (params, optimizer state,
+step, RNG key and data position) repeats exactly the steps an uninterrupted run would have taken.
+
+KL to a frozen reference (`loss.kl_coef > 0`): a reference pass fills `ref_logp` before each
+update (`train_step.fill_ref_logp`). LoRA: the base without adapters (no extra memory). Full models
+(shared, stacked, mapped): a frozen copy of the initial policy params in their own buffers (the
+size of those params; logged at start-up). It is never updated and not checkpointed: it equals the
+initial params, which `Run` rebuilds from the pretrained weights and the seed on every start, so a
+resumed run has the same reference.
 
 Multi-host (SPMD, `parallel/multihost.py`): each process rolls out its contiguous slice of the
 step's problems (and of the eval problems) with its own sampling stream, on a process-local view
@@ -39,13 +47,14 @@ from marl_jax.parallel import mesh as mesh_lib
 from marl_jax.parallel.train_step import TrainConfig, make_train_step
 from marl_jax.sampling.params import SamplingParams
 from marl_jax.sandbox import runner as sandbox
-from marl_jax.training import evaluation, plots, preflight, progress
+from marl_jax.training import evaluation, plots, preflight, progress, refill
 from marl_jax.training import config as config_lib
 from marl_jax.training.checkpoint import Checkpointer
 from marl_jax.training.llm_policy import LLMPolicy
 from marl_jax.training.metrics import make_writer
 from marl_jax.workflows import registry
-from marl_jax.workflows.rollout import Problem, RolloutConfig, id_layout, rollout
+from marl_jax.workflows.rollout import (Problem, RolloutConfig, RolloutResult, Sample, id_layout,
+                                       rollout)
 from marl_jax.workflows.spec import WorkflowSpec
 
 
@@ -141,6 +150,12 @@ class Run:
       raise ValueError(f"{procs} processes need config.rollout.problems_per_step >= {procs} "
                        f"(got {c.rollout.problems_per_step}) and data x fsdp x micro_batches "
                        f"divisible by {procs} (got {shards})")
+    self.dynamic = built.advantage.filter == "zero_variance" and c.rollout.max_refills > 0
+    if self.dynamic and procs > 1:
+      raise ValueError(f"DAPO dynamic sampling (config.rollout.max_refills="
+                       f"{c.rollout.max_refills} with algo.filter='zero_variance') runs on one "
+                       f"process only, got {procs}; set config.rollout.max_refills=0")
+    self.advantage = built.advantage.resolved()
     trajs, branching = id_layout(c.rollout.mode, c.rollout.k, self.spec.max_turns)
     self.shape = BatchShape(
         num_problems=c.rollout.problems_per_step, trajs_per_problem=trajs, branching=branching,
@@ -159,6 +174,15 @@ class Run:
     trainable, frozen = policies.init_params(self.policy, jax.random.fold_in(self.run_key, 1),
                                              base=base)
     trainable, self.frozen = self.fns.shard_params(trainable, frozen)
+    self.reference = None  # the KL reference's own params (full models with kl_coef > 0)
+    if self.fns.reference_params is not None:
+      self.reference = self.fns.reference_params(trainable)
+      size = sum(x.nbytes for x in jax.tree.leaves(self.reference))
+      logging.info("KL reference: %s", "the LoRA base without adapters (no extra memory)"
+                   if self.reference is None else
+                   f"a frozen copy of the initial policy params, {size} bytes "
+                   f"({size / 2**20:.1f} MiB)")
+    self.next_seed = 0  # data position: the first seed not rolled out yet
     self.local_frozen = multihost.process_local(self.frozen, self.mesh)  # never donated
     self.state = self.fns.init(trainable)
     self.rollout_cfg = RolloutConfig(mode=c.rollout.mode, k=c.rollout.k,
@@ -197,18 +221,17 @@ class Run:
     return {f"eval/{k}": v for k, v in metrics.items()}
 
   def train_step(self, step: int) -> dict[str, float]:
-    c = self.c
-    n = c.rollout.problems_per_step
     self.train_policy.reseed(multihost.process_key(jax.random.fold_in(self.run_key, step)))
     start = time.monotonic()
-    result = rollout(problems(c, step * n, n, multihost.process_slice(n)), self.spec,
-                     self.train_policy.generate, self.params, self.rollout_cfg)
+    samples, result, refill_metrics = self._rollout()
     rollout_s = time.monotonic() - start
-    sizes = multihost.agree_max(layouts.batch_sizes(self.policy, result.samples, self.shape))
+    sizes = multihost.agree_max(layouts.batch_sizes(self.policy, samples, self.shape))
     batch = self._global_batch(layouts.build_batch(
-        self.policy, result.samples, self.shape, [t.pad_id for t in self.tokenizers], sizes))
+        self.policy, samples, self.shape, [t.pad_id for t in self.tokenizers], sizes))
     if self.fns.old_values is not None:  # MARFT: GAE needs the critic's values of these states
       batch = self.fns.old_values(self.state.params, self.frozen, batch)
+    if self.fns.ref_logp is not None:  # the KL term's reference log-probs
+      batch = self.fns.ref_logp(self.reference, self.frozen, batch)
     if self.train_cfg.uses_targets:  # PPO mini-batches / epochs: shuffles from (run key, step)
       shuffle = np.random.default_rng(np.asarray(jax.random.key_data(
           jax.random.fold_in(jax.random.fold_in(self.run_key, 3), step))))
@@ -218,8 +241,39 @@ class Run:
       self.state, metrics = self.fns.step(self.state, self.frozen, batch)
     out = _scalars(metrics, self.spec.agents)
     out.update(_rollout_metrics(result, self.spec.agents))
+    out.update(refill_metrics)
     out.update({"time/rollout_s": rollout_s, "time/train_s": time.monotonic() - start - rollout_s})
     return out
+
+  def _rollout(self) -> tuple[list[Sample], RolloutResult, dict[str, float]]:
+    """The step's samples, every rollout's result (for the metrics) and the refill metrics.
+
+    One rollout of `problems_per_step` fresh problems; with DAPO dynamic sampling, more of fresh
+    seeds until that many problems qualify or `rollout.max_refills` extra rollouts are spent
+    (`refill.select` keeps the first qualifying ones). Each rollout advances the data position."""
+    c, n = self.c, self.c.rollout.problems_per_step
+    results = []
+    while True:
+      results.append(rollout(problems(c, self.next_seed, n, multihost.process_slice(n)),
+                             self.spec, self.train_policy.generate, self.params,
+                             self.rollout_cfg))
+      self.next_seed += n
+      if not self.dynamic:
+        return results[0].samples, results[0], {}
+      found = sum(len(refill.qualifying_problems(r.samples, self.advantage.group_by,
+                                                 self.advantage.alpha)) for r in results)
+      if found >= n or len(results) > c.rollout.max_refills:
+        break
+    samples, metrics = refill.select(results, n, self.advantage.group_by, self.advantage.alpha,
+                                     self.shape.trajs_per_problem)
+    if metrics["rollout/refill_cap_hit"]:
+      logging.warning("dynamic sampling: %d of %d problems qualify after %d rollouts "
+                      "(rollout.max_refills=%d); training on those",
+                      metrics["rollout/qualifying_found"], n, len(results), c.rollout.max_refills)
+    every = RolloutResult([s for r in results for s in r.samples],
+                          [e for r in results for e in r.episodes],
+                          sum(r.safety_events for r in results))
+    return samples, every, metrics
 
   def _global_batch(self, batch: Any) -> Any:
     """This process's rows -> the step's global batch (process p's rows are block p)."""
@@ -236,9 +290,12 @@ def train(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs (or resumes) training in `workdir`; returns the final summary."""
   run = Run(c, workdir)
   restored = run.checkpointer.restore_or_init(
-      {"train": run.state, "rng": run.run_key}, {"next_step": 0})
+      {"train": run.state, "rng": run.run_key}, {"next_step": 0, "next_seed": 0})
   run.state = restored.state["train"]
   start = int(restored.host_state["next_step"])
+  # Checkpoints written before dynamic sampling existed had no data position: seeds were
+  # step * problems_per_step then.
+  run.next_seed = int(restored.host_state.get("next_seed", start * c.rollout.problems_per_step))
   writer = make_writer(c.logging, workdir, run.is_main, resume_step=restored.step or 0)
   if run.is_main and restored.step is None:
     os.makedirs(workdir, exist_ok=True)
@@ -257,7 +314,8 @@ def train(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     progress.show_metrics(bar, scalars, ("rollout/success", "eval/accuracy", "train/loss"))
     bar.update(1)
     writer.flush()  # metrics up to a checkpoint survive a SIGKILL right after it
-    run.checkpointer.save(done, {"train": run.state, "rng": run.run_key}, {"next_step": done},
+    run.checkpointer.save(done, {"train": run.state, "rng": run.run_key},
+                          {"next_step": done, "next_seed": run.next_seed},
                           force=done == c.train.steps)
   bar.close()
   writer.flush()

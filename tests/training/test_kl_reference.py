@@ -1,0 +1,164 @@
+"""KL to a frozen reference through the trainer (loss.kl_coef > 0), on tiny models.
+
+The reference's log-probs are checked against an independent forward: transformers (PyTorch) on
+the tiny model's HF directory, which holds the initial (pretrained) params, i.e. the LoRA base and
+the full models' starting point. The logged `train/kl` is re-derived in NumPy from the sampler's
+recorded log-probs (the policy that sampled is the one the step differentiates) and those
+reference log-probs, with the k1 / k3 formulas written here.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import toy_task
+from marl_jax.envs import base as envs_base
+from marl_jax.models.loading import load_model
+from marl_jax.training import config as config_lib
+from marl_jax.training import trainer
+from marl_jax.workflows import registry
+
+PAIR = "toy_kl_pair"
+
+
+class PairEnv:
+  """Two agents, one turn each, rewarded with their reply's vowel fraction."""
+  agents = ("first", "second")
+
+  def __init__(self, seed: int, turn: int = 0):
+    self.seed, self.turn = seed, turn
+
+  done = property(lambda self: self.turn >= 2)
+  solved = property(lambda self: False)
+
+  def clone(self):
+    return PairEnv(self.seed, self.turn)
+
+  def observe(self, agent):
+    return envs_base.Observation(agent, 0, f"You are {agent}.", f"Vowels ({self.seed}).")
+
+  def step(self, agent, response):
+    text = response or ""
+    self.turn += 1
+    reward = sum(ch in "aeiouAEIOU" for ch in text) / max(len(text), 1)
+    return envs_base.StepResult(agent, None, {agent: reward}, self.done, {})
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("tiny_model"))
+  toy_task.write_tiny_model(path)
+  toy_task.register()
+  registry.register(PAIR, envs_base.Task(
+      lambda *, seed: PairEnv(seed),
+      {"mas": envs_base.Workflow(("first", "second"), max_turns=1, fixed_turns=True)},
+      lambda v, t, seed: dict(seed=seed)), replace=True)
+  return path
+
+
+def _config(model_dir: str, kind: str, estimator: str):
+  c = toy_task.toy_config(model_dir, steps=2)
+  c.loss.kl_coef, c.loss.kl_estimator = 0.5, estimator
+  c.eval.at_start = False
+  if kind != "shared":
+    c.env.name, c.env.workflow = PAIR, "mas"
+    c.policy.kind, c.policy.per_role = kind, True
+  return c
+
+
+def _torch_logp(model, prompt, prompt_mask, response, token_mask) -> np.ndarray:
+  """log_softmax(logits) of each row's response tokens, one unpadded row at a time, float64."""
+  out = np.zeros(response.shape)
+  for i in range(len(response)):
+    p = prompt[i][prompt_mask[i]]
+    r = response[i][token_mask[i]]
+    if not len(r):
+      continue
+    ids = torch.tensor(np.concatenate([p, r])[None].astype(np.int64))
+    with torch.no_grad():
+      logits = model(ids).logits[0].double()
+    logp = torch.log_softmax(logits[len(p) - 1:-1], dim=-1)
+    out[i, :len(r)] = logp[torch.arange(len(r)), torch.tensor(r.astype(np.int64))].numpy()
+  return out
+
+
+def _rows(batch) -> list:
+  """The flat TrainBatch pieces of any layout: a dict (mapped), [P, n] blocks, or flat."""
+  parts = list(batch.values()) if isinstance(batch, dict) else [batch]
+  out = []
+  for b in parts:
+    if b.response.ndim == 3:  # stacked
+      out += [jax.tree.map(lambda x, p=p: x[p], b) for p in range(b.response.shape[0])]
+    else:
+      out.append(b)
+  return out
+
+
+def _np_kl(logp: np.ndarray, ref: np.ndarray, estimator: str) -> np.ndarray:
+  if estimator == "k1":
+    return logp - ref
+  return np.exp(ref - logp) - (ref - logp) - 1.0
+
+
+@pytest.mark.parametrize("kind,estimator", [("shared", "k1"), ("stacked", "k3"),
+                                            ("mapped", "k1"), ("lora", "k3")])
+def test_kl_to_reference_through_the_trainer(model_dir, tmp_path, kind, estimator):
+  c = _config(model_dir, kind, estimator)
+  run = trainer.Run(c, str(tmp_path))
+  initial = jax.device_get(run.state.params["policy"])
+  seen = []
+  step_fn = run.fns.step
+
+  def recording(state, frozen, batch):
+    seen.append(jax.device_get(batch))
+    return step_fn(state, frozen, batch)
+
+  run.fns = run.fns._replace(step=recording)
+  metrics = [run.train_step(0), run.train_step(1)]
+  model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+  for i, batch in enumerate(seen):
+    logp, ref, pass_ref = [], [], []
+    for b in _rows(batch):
+      rows, tm = b.samples.sample_mask, b.samples.token_mask
+      want = _torch_logp(model, b.prompt[rows], b.prompt_mask[rows], b.response[rows], tm[rows])
+      # The reference pass: the initial params (LoRA: the base without adapters).
+      np.testing.assert_allclose(b.ref_logp[rows][tm[rows]], want[tm[rows]], atol=1e-4)
+      logp.append(b.old_logp[rows][tm[rows]])
+      ref.append(want[tm[rows]])
+      pass_ref.append(b.ref_logp[rows][tm[rows]])
+    logp, ref = np.concatenate(logp), np.concatenate(ref)
+    # token_mean over every response token of the step (grpo, no filter: all samples count).
+    expected = _np_kl(logp.astype(np.float64), ref, estimator).mean()
+    if i == 0:  # the first rollout samples the reference itself
+      np.testing.assert_allclose(logp, ref, atol=2e-4)
+    else:  # one update later the policy has moved away from it
+      assert abs(expected) > 5e-3, expected
+    np.testing.assert_allclose(metrics[i]["train/kl"], expected, atol=3e-4, rtol=1e-3)
+  # The reference never moves: full models keep a frozen copy equal bit for bit to the initial
+  # params (own buffers, the trained ones differ); LoRA has no copy at all.
+  trained = jax.device_get(run.state.params["policy"])
+  assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(initial),
+                                                      jax.tree.leaves(trained)))
+  if kind == "lora":
+    assert run.reference is None
+  else:
+    loaded = load_model(model_dir).params
+    ref_params = jax.device_get(run.reference)
+    ref_one = {"shared": lambda r: r, "stacked": lambda r: jax.tree.map(lambda x: x[1], r),
+               "mapped": lambda r: r["second"]}[kind](ref_params)
+    for a, b in zip(jax.tree.leaves(ref_one), jax.tree.leaves(loaded)):
+      assert np.array_equal(a, np.asarray(b))
+    for a, b in zip(jax.tree.leaves(ref_params), jax.tree.leaves(initial)):
+      assert np.array_equal(a, b)
+
+
+def test_kl_coef_errors():
+  c = config_lib.base_config()
+  for bad in (-0.1, float("nan"), float("inf")):
+    c.loss.kl_coef = bad
+    with pytest.raises(config_lib.UserInputError, match="config.loss.kl_coef"):
+      config_lib.build(c)
