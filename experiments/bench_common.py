@@ -1,9 +1,11 @@
-"""What the sampler benchmarks share: timing, JAX compile time, the PyTorch reference model."""
+"""What the sampler benchmarks share: set-up, timing, JAX compile time, the PyTorch reference."""
 
 from __future__ import annotations
 
 import os
+import platform
 import time
+from typing import Any
 
 
 def best_time(fn, repeats: int) -> tuple[float, object]:
@@ -36,3 +38,24 @@ def load_torch_reference():
   path = embedded_gguf_path()
   return transformers.AutoModelForCausalLM.from_pretrained(
       os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+
+
+def setup(with_torch: bool) -> tuple[Any, Any, dict[str, Any], list[float]]:
+  """(embedded model, its PyTorch reference or None, the report's header, compile-time log)."""
+  import jax
+  import transformers
+  from absl import logging
+
+  from marl_jax.models.loading import load_model
+
+  logging.set_verbosity(logging.WARNING)
+  transformers.logging.set_verbosity_error()
+  transformers.logging.disable_progress_bar()
+  compile_log = compile_seconds_log()
+  model = load_model("smollm2-135m-instruct")
+  torch_model = load_torch_reference() if with_torch else None
+  header = {"model": "smollm2-135m-instruct (GGUF Q4_1 dequantised to fp32)",
+            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "jax": jax.__version__, "transformers": transformers.__version__,
+            "load_avg_before": os.getloadavg()}
+  return model, torch_model, header, compile_log

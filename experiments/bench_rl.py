@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 
-from absl import app, flags, logging
+from absl import app, flags
 
-from experiments.bench_common import best_time, compile_seconds_log, load_torch_reference
+from experiments.bench_common import best_time, setup
 
 _PROMPTS = flags.DEFINE_integer("prompts", 2, "Distinct prompts per task (N).")
 _GROUP = flags.DEFINE_integer("group", 8, "Samples per prompt (G).")
@@ -120,24 +119,11 @@ def bench_torch(model, tokenizer, prompts, group: int, repeats: int, threads: in
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  import jax
-  import transformers
-
-  from marl_jax.models.loading import load_model
-
-  logging.set_verbosity(logging.WARNING)
-  transformers.logging.set_verbosity_error()
-  transformers.logging.disable_progress_bar()
-  compile_log = compile_seconds_log()
-  cores = os.cpu_count()
-  model = load_model("smollm2-135m-instruct")
-  torch_model = load_torch_reference() if _TORCH.value else None
-  report = {"model": "smollm2-135m-instruct (GGUF Q4_1 dequantised to fp32)",
-            "cpu": platform.processor() or platform.machine(), "cores": cores,
-            "jax": jax.__version__, "transformers": transformers.__version__,
-            "prompts": _PROMPTS.value, "group": _GROUP.value, "max_new_tokens": _MAX_NEW.value,
-            "temperature": _TEMPERATURE.value, "top_p": _TOP_P.value,
-            "load_avg_before": os.getloadavg(), "results": []}
+  model, torch_model, report, compile_log = setup(_TORCH.value)
+  cores = report["cores"]
+  report.update({"prompts": _PROMPTS.value, "group": _GROUP.value,
+                 "max_new_tokens": _MAX_NEW.value, "temperature": _TEMPERATURE.value,
+                 "top_p": _TOP_P.value, "results": []})
   for task in _TASKS.value:
     prompts = task_prompts(model.tokenizer, task, _PROMPTS.value)
     row = {"task": task, "rows": len(prompts) * _GROUP.value,

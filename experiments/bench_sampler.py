@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 
-from absl import app, flags, logging
+from absl import app, flags
 
-from experiments.bench_common import best_time, compile_seconds_log, load_torch_reference
+from experiments.bench_common import best_time, setup
 
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["8", "64"], "Batch sizes to measure.")
 _PROMPT_TOKENS = flags.DEFINE_integer(
@@ -96,22 +95,9 @@ def bench_torch(model, tokenizer, prompts, new_tokens: int, repeats: int, thread
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  import jax
-  import transformers
-
-  from marl_jax.models.loading import load_model
-
-  logging.set_verbosity(logging.WARNING)
-  transformers.logging.set_verbosity_error()
-  transformers.logging.disable_progress_bar()
-  compile_log = compile_seconds_log()
-  cores = os.cpu_count()
-  model = load_model("smollm2-135m-instruct")
-  torch_model = load_torch_reference() if _TORCH.value else None
-  report = {"model": "smollm2-135m-instruct (GGUF Q4_1 dequantised to fp32)",
-            "cpu": platform.processor() or platform.machine(), "cores": cores,
-            "jax": jax.__version__, "transformers": transformers.__version__,
-            "new_tokens": _NEW_TOKENS.value, "load_avg_before": os.getloadavg(), "results": []}
+  model, torch_model, report, compile_log = setup(_TORCH.value)
+  cores = report["cores"]
+  report.update({"new_tokens": _NEW_TOKENS.value, "results": []})
   for batch in map(int, _BATCH_SIZES.value):
     prompts = make_prompts(model.tokenizer, batch, _PROMPT_TOKENS.value)
     row = {"batch": batch, "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))]}
