@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from marl_jax.algos.advantages import AdvantageConfig
+from marl_jax.algos.advantage_config import AdvantageConfig
 from marl_jax.algos.batch import GroupSpace, make_batch
 from marl_jax.algos.batch import TrainBatch
 from marl_jax.algos.losses import LossConfig

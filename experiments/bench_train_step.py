@@ -121,7 +121,7 @@ def jax_worker(mode: str, args: argparse.Namespace) -> dict:
   import jax
 
   from marl_jax.parallel import policies
-  from marl_jax.algos.advantages import AdvantageConfig
+  from marl_jax.algos.advantage_config import AdvantageConfig
   from marl_jax.algos.batch import GroupSpace, make_batch
   from marl_jax.algos.losses import LossConfig
   from marl_jax.algos.optim import OptimConfig

@@ -1,7 +1,7 @@
 """Backward recursions on dense grids: GAE over slots and tokens, and returns over a node tree.
 
 These kernels see only dense, already globally reduced arrays, so they need no collectives and
-every device can run them redundantly; `advantages.py` does the scatter into grids, the `psum`
+every device can run them redundantly; `return_estimators` does the scatter into grids, the `psum`
 and the gather back. Missing slots (an agent that did not act, turns after the episode ended)
 are skipped: a recursion links each present slot to the next *present* slot, and the last present
 slot of a row bootstraps with 0 (the episode is over).

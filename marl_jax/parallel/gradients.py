@@ -41,8 +41,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from marl_jax.algos import advantages as adv_lib
 from marl_jax.algos import losses
+from marl_jax.algos.advantage_config import AdvantageOutput
+from marl_jax.algos.advantages import estimate
 from marl_jax.algos.batch import mixed_reward
 from marl_jax.parallel import layouts, policies
 from marl_jax.parallel.mesh import BATCH_AXES, FSDP
@@ -150,7 +151,7 @@ def rollout_targets(cfg: TrainConfig, params, frozen, specs, batch
           cfg.loss.log_ratio_limit), 1.0)
     batch = jax.tree.map(lambda b, lp: b.replace(old_logp=jnp.where(
         b.samples.token_mask, lp, 0.0)), batch, logp, is_leaf=lambda x: hasattr(x, "old_logp"))
-  adv = adv_lib.estimate(samples, cfg.advantage, cfg.space, axis_name=BATCH_AXES)
+  adv = estimate(samples, cfg.advantage, cfg.space, axis_name=BATCH_AXES)
   targets = RolloutTargets(advantages=adv.advantages, returns=adv.returns,
                            sample_mask=adv.sample_mask, is_weight=is_weight)
   return batch, layout.unflatten(cfg.policy, targets, batch), adv.metrics
@@ -158,7 +159,7 @@ def rollout_targets(cfg: TrainConfig, params, frozen, specs, batch
 
 class Prepass(NamedTuple):
   """What every micro-batch needs from the whole local batch."""
-  adv: adv_lib.AdvantageOutput  # advantages / returns [n, R], kept samples [n]
+  adv: AdvantageOutput  # advantages / returns [n, R], kept samples [n]
   tmask: jax.Array  # [n, R] bool response tokens of kept samples
   dens: dict[str, jax.Array]  # global denominators: policy terms [P, A], 'value' []
   terms0: Any  # loss terms at the behaviour log-probs (accumulator shapes)
@@ -178,11 +179,11 @@ def advantages_and_denominators(cfg: TrainConfig, batch: Any,
   chex.assert_equal_shape([old_logp, samples.token_mask])
   is_weight = None
   if targets is None:
-    adv = adv_lib.estimate(samples, cfg.advantage, cfg.space, axis_name=BATCH_AXES)
+    adv = estimate(samples, cfg.advantage, cfg.space, axis_name=BATCH_AXES)
   else:
     t = layouts.of(cfg.policy).flatten(cfg.policy, targets)
-    adv = adv_lib.AdvantageOutput(advantages=t.advantages, returns=t.returns,
-                                  sample_mask=t.sample_mask & samples.sample_mask, metrics={})
+    adv = AdvantageOutput(advantages=t.advantages, returns=t.returns,
+                          sample_mask=t.sample_mask & samples.sample_mask, metrics={})
     is_weight = t.is_weight
   tmask = samples.token_mask & adv.sample_mask[:, None]
   # Denominators depend on masks only: evaluate the terms once at the behaviour log-probs.

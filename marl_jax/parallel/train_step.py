@@ -38,9 +38,9 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
-from marl_jax.algos import advantages as adv_lib
 from marl_jax.algos import critic as critic_lib
 from marl_jax.algos import losses, optim
+from marl_jax.algos.advantage_config import AdvantageConfig
 from marl_jax.algos.batch import GroupSpace, TrainBatch
 from marl_jax.parallel import gradients, layouts, policies, sharding
 from marl_jax.parallel.mesh import BATCH_AXES, FSDP, batch_shards
@@ -89,7 +89,7 @@ class TrainConfig:
       `recompute_old_logp`. None: off.
   """
   policy: policies.PolicyConfig
-  advantage: adv_lib.AdvantageConfig
+  advantage: AdvantageConfig
   loss: losses.LossConfig
   space: GroupSpace
   agent_policies: tuple[int, ...] | None = None

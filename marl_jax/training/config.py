@@ -21,7 +21,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from marl_jax.algos import critic as critic_lib
-from marl_jax.algos.advantages import AdvantageConfig
+from marl_jax.algos.advantage_config import AdvantageConfig
 from marl_jax.algos.losses import LossConfig
 from marl_jax.algos.optim import OptimConfig
 from marl_jax.errors import UserInputError

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
-from marl_jax.algos.advantages import (AdvantageConfig, AdvantageOutput, ESTIMATORS, GroupSpace,
-                                       estimate, get_estimator)
-from marl_jax.algos.batch import SampleBatch, make_batch, validate_batch
+from marl_jax.algos.advantage_config import ESTIMATOR_NAMES, AdvantageConfig, AdvantageOutput
+from marl_jax.algos.advantages import ESTIMATORS, estimate, get_estimator
+from marl_jax.algos.batch import GroupSpace, SampleBatch, make_batch, validate_batch
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -411,6 +411,8 @@ def test_unknown_names_raise_clear_errors():
     AdvantageConfig("magrpo", baseline="median")
   assert sorted(ESTIMATORS) == sorted(["grpo", "at_grpo", "drmas", "dr_grpo", "rloo", "remax",
                                        "traj_grpo", "magrpo", "gae_action", "gae_token"])
+  # AdvantageConfig sits below the registry and validates against its own tuple of names.
+  assert sorted(ESTIMATOR_NAMES) == sorted(ESTIMATORS)
 
 
 @pytest.mark.parametrize("kwargs,match", [

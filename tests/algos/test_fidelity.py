@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
-from marl_jax.algos.advantages import AdvantageConfig, AdvantageOutput, GroupSpace, estimate
-from marl_jax.algos.batch import make_batch
+from marl_jax.algos.advantage_config import AdvantageConfig, AdvantageOutput
+from marl_jax.algos.advantages import estimate
+from marl_jax.algos.batch import GroupSpace, make_batch
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 

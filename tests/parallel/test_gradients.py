@@ -9,7 +9,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from marl_jax.algos.advantages import AdvantageConfig
+from marl_jax.algos.advantage_config import AdvantageConfig
 from marl_jax.algos.batch import GroupSpace, make_batch
 from marl_jax.algos.losses import LossConfig
 from marl_jax.algos.optim import by_key

@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # pylint: disable=wrong-import-position
-from marl_jax.algos.advantages import AdvantageConfig  # noqa: E402
+from marl_jax.algos.advantage_config import AdvantageConfig  # noqa: E402
 from marl_jax.algos.batch import GroupSpace, TrainBatch, make_batch  # noqa: E402
 from marl_jax.algos.losses import LossConfig  # noqa: E402
 from marl_jax.algos.optim import OptimConfig  # noqa: E402

@@ -13,7 +13,7 @@ import numpy as np
 import optax
 import pytest
 
-from marl_jax.algos.advantages import AdvantageConfig
+from marl_jax.algos.advantage_config import AdvantageConfig
 from marl_jax.algos.batch import GroupSpace, TrainBatch, make_batch
 from marl_jax.algos.losses import LossConfig
 from marl_jax.algos.optim import OptimConfig

@@ -20,7 +20,7 @@ import pytest
 
 import toy_task
 from configs import marft_math
-from marl_jax.algos.advantages import AdvantageConfig
+from marl_jax.algos.advantage_config import AdvantageConfig
 from marl_jax.algos.batch import GroupSpace, TrainBatch, make_batch
 from marl_jax.algos.losses import LossConfig
 from marl_jax.envs import base as envs_base

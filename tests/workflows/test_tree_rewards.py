@@ -17,8 +17,9 @@ import pytest
 
 import scripted
 from configs import atgrpo_plan_path, magrpo_tldr
-from marl_jax.algos import advantages as adv_lib
 from marl_jax.algos import batch as batch_lib
+from marl_jax.algos.advantage_config import AdvantageConfig
+from marl_jax.algos.advantages import estimate
 from marl_jax.envs import base as envs_base
 from marl_jax.errors import UserInputError
 from marl_jax.traces import replay as replay_lib
@@ -116,7 +117,7 @@ def test_magrpo_tree_gives_every_turn_the_return_minus_the_sibling_mean(tally_en
                                max_turns=turns, num_agents=2)
   tb = batch_lib.build_rows(result.samples, shape, 0, 16, 32, 16)
   batch_lib.validate_batch(tb.samples, shape.space)
-  out = adv_lib.estimate(tb.samples, adv_lib.AdvantageConfig("magrpo"), shape.space)
+  out = estimate(tb.samples, AdvantageConfig("magrpo"), shape.space)
   got = np.asarray(out.advantages)[:, 0]
   for i, s in enumerate(result.samples):
     said = _history(s) + ([float(s.generation.text)] if s.agent == "a" else [])
@@ -180,8 +181,8 @@ def test_atgrpo_tree_team_term_is_each_branchs_own_state(tally_env):
   space = batch_lib.GroupSpace(num_problems=1, max_turns=1, num_agents=2)
 
   def advantages(alpha):
-    cfg = adv_lib.AdvantageConfig("at_grpo", alpha=alpha)
-    return np.asarray(adv_lib.estimate(samples, cfg, space).advantages)[:, 0]
+    cfg = AdvantageConfig("at_grpo", alpha=alpha)
+    return np.asarray(estimate(samples, cfg, space).advantages)[:, 0]
 
   is_b = np.array([s.agent == "b" for s in result.samples])
   for alpha in (0.0, 1.0):
@@ -217,7 +218,7 @@ def test_sa_grpo_row_is_tree_sampling_with_turn_agent_groups_and_the_filter():
       policy_id=[s.policy_id for s in result.samples])
   space = batch_lib.GroupSpace(num_problems=len(problems), max_turns=spec.max_turns,
                                num_agents=len(spec.agents))
-  out = adv_lib.estimate(samples, built.advantage, space)
+  out = estimate(samples, built.advantage, space)
   assert float(out.metrics["groups"]) == len(groups)
   # By hand: floor(0.5 x groups) groups are dropped, none with a higher mean than a kept one.
   mask = np.asarray(out.sample_mask)

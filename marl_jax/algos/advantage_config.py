@@ -1,0 +1,187 @@
+"""Advantage configuration and output, and the finalisation every estimator ends with.
+
+The estimators themselves live in `group_estimators` (group-relative: GRPO family, RLOO, ReMax,
+trajectory GRPO) and `return_estimators` (MAGRPO tree returns, MARFT GAE); `advantages` holds the
+registry and `estimate`. This module sits below them all, so it validates estimator names against
+`ESTIMATOR_NAMES` (kept equal to the registry's names by a test) rather than the registry.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from marl_jax.algos.batch import GroupSpace, SampleBatch, mixed_reward
+from marl_jax.algos.segments import AxisName, count, psum
+
+GROUPINGS = ("problem", "problem_agent", "problem_turn_agent")
+FILTERS = ("none", "lowest_mean", "zero_variance")
+MAGRPO_BASELINES = ("mean", "none", "loo", "max")
+_GROUP_ESTIMATORS = ("grpo", "at_grpo", "drmas", "dr_grpo", "rloo", "remax")
+_NO_STD = ("dr_grpo", "rloo", "remax", "gae_action", "gae_token")
+
+# Paper defaults for the options left as None (see AdvantageConfig).
+_DEFAULTS = {
+    "grpo": dict(group_by="problem", std_ddof=0, normalize_std=True),
+    "at_grpo": dict(group_by="problem_turn_agent", std_ddof=1, normalize_std=True),
+    "drmas": dict(group_by="problem_agent", std_ddof=1, normalize_std=True),
+    "traj_grpo": dict(std_ddof=1, normalize_std=True),
+    "dr_grpo": dict(group_by="problem", std_ddof=0, normalize_std=False),
+    "rloo": dict(group_by="problem", std_ddof=0, normalize_std=False),
+    "remax": dict(group_by="problem", std_ddof=0, normalize_std=False),
+    "magrpo": dict(std_ddof=0, normalize_std=False, gamma=0.9, clamp=10.0),
+    "gae_action": dict(std_ddof=0, normalize_std=False, gamma=0.99),
+    "gae_token": dict(std_ddof=0, normalize_std=False, gamma=0.99),
+}
+
+ESTIMATOR_NAMES = tuple(_DEFAULTS)  # every estimator has paper defaults; = ESTIMATORS' names
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageConfig:
+  """Estimator choice and options. Fields left None take the estimator's paper default.
+
+  Attributes:
+    estimator: registry name (see `advantages.ESTIMATORS`).
+    group_by: grouping of group estimators: "problem", "problem_agent" or "problem_turn_agent"
+      (None: grpo/dr_grpo/rloo/remax "problem", at_grpo "problem_turn_agent", drmas
+      "problem_agent").
+    std_ddof: 0 (population) or 1 (unbiased) for group, sibling and batch standard deviations
+      (None: 1 for at_grpo, drmas and traj_grpo, whose paper code divides by verl's unbiased
+      `torch.std`; else 0).
+    eps: added to the std before dividing.
+    normalize_std: divide by the group std (grpo/at_grpo/drmas/traj_grpo, default True; False
+      gives the mean-only variant) or z-score siblings (magrpo, default False). Not allowed for
+      estimators that never divide by a std.
+    filter: "none", "lowest_mean" (drop the `filter_fraction` of non-empty groups with the lowest
+      mean reward, AT-GRPO; ranked per policy, as PettingLLMs filters each model's batch on its
+      own; policy ids must lie in [0, num_agents), others are dropped and counted as
+      out_of_range) or "zero_variance" (drop groups whose rewards are all equal, DAPO); group
+      estimators only.
+    filter_fraction: fraction of each policy's groups dropped by "lowest_mean" (floor of
+      fraction x that policy's non-empty groups).
+    alpha: reward mixing, `r = alpha * team_rewards + rewards`.
+    gamma: discount (None: magrpo 0.9, gae_* 0.99).
+    lam: GAE lambda.
+    clamp: clip advantages to [-clamp, clamp] (None: 10 for magrpo, else no clip).
+    baseline: magrpo sibling baseline: "mean" (MAGRPO), "none" (raw returns), "loo" (RLOO) or
+      "max" (CoMLRL's MAReMax: `R - max_siblings R`).
+    normalize_batch: z-score advantages over all kept samples (tokens for gae_token) of the
+      global batch after estimation (MARFT).
+  """
+  estimator: str = "grpo"
+  group_by: str | None = None
+  std_ddof: int | None = None
+  eps: float = 1e-6
+  normalize_std: bool | None = None
+  filter: str = "none"
+  filter_fraction: float = 0.5
+  alpha: float = 0.0
+  gamma: float | None = None
+  lam: float = 0.95
+  clamp: float | None = None
+  baseline: str = "mean"
+  normalize_batch: bool = False
+
+  def __post_init__(self):
+    name = self.estimator
+    if name not in ESTIMATOR_NAMES:
+      raise ValueError(f"unknown estimator {name!r}; expected one of {sorted(ESTIMATOR_NAMES)}")
+    if self.group_by is not None:
+      if self.group_by not in GROUPINGS:
+        raise ValueError(f"unknown group_by {self.group_by!r}; expected one of {list(GROUPINGS)}")
+      if name not in _GROUP_ESTIMATORS:
+        raise ValueError(f"group_by applies to {list(_GROUP_ESTIMATORS)}, not {name!r}")
+    if self.filter not in FILTERS:
+      raise ValueError(f"unknown filter {self.filter!r}; expected one of {list(FILTERS)}")
+    if self.filter != "none" and name not in _GROUP_ESTIMATORS:
+      raise ValueError(f"filter {self.filter!r} applies to {list(_GROUP_ESTIMATORS)}, not {name!r}")
+    if not 0.0 <= self.filter_fraction < 1.0:
+      raise ValueError(f"filter_fraction must be in [0, 1), got {self.filter_fraction}")
+    if self.std_ddof not in (None, 0, 1):
+      raise ValueError(f"std_ddof must be 0 or 1, got {self.std_ddof!r}")
+    if not self.eps > 0.0:
+      raise ValueError(f"eps must be > 0, got {self.eps}")
+    if self.normalize_std and name in _NO_STD:
+      raise ValueError(f"estimator {name!r} never divides by a group std; set normalize_std to "
+                       "None or False (normalize_batch z-scores the whole batch)")
+    if self.baseline not in MAGRPO_BASELINES:
+      raise ValueError(f"unknown baseline {self.baseline!r}; expected one of "
+                       f"{list(MAGRPO_BASELINES)}")
+    if self.baseline != "mean" and name != "magrpo":
+      raise ValueError(f"baseline {self.baseline!r} applies to magrpo only, not {name!r}")
+    if self.gamma is not None and not 0.0 <= self.gamma <= 1.0:
+      raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+    if not 0.0 <= self.lam <= 1.0:
+      raise ValueError(f"lam must be in [0, 1], got {self.lam}")
+    if self.clamp is not None and not self.clamp > 0.0:
+      raise ValueError(f"clamp must be > 0 (math.inf disables it), got {self.clamp}")
+
+  def resolved(self) -> AdvantageConfig:
+    """This config with every None option replaced by the estimator's default."""
+    defaults = _DEFAULTS[self.estimator]
+    fill = {k: v for k, v in defaults.items() if getattr(self, k) is None}
+    out = dataclasses.replace(self, **fill)
+    return dataclasses.replace(out, gamma=1.0 if out.gamma is None else out.gamma,
+                               clamp=math.inf if out.clamp is None else out.clamp)
+
+
+@flax.struct.dataclass
+class AdvantageOutput:
+  """Estimator result.
+
+  Attributes:
+    advantages: f32[N, T]; sample-level advantages are broadcast over tokens; 0 off `token_mask`
+      and on samples outside `sample_mask`.
+    returns: f32[N, T] critic targets (advantage before batch normalisation + value) for gae_*,
+      else None.
+    sample_mask: bool[N] samples to train on (input mask minus filtered groups, out-of-range ids
+      and ReMax greedy samples).
+    metrics: global scalars (identical on every device).
+  """
+  advantages: jax.Array
+  returns: jax.Array | None
+  sample_mask: jax.Array
+  metrics: dict[str, jax.Array]
+
+
+def finalize(adv: jax.Array, returns: jax.Array | None, valid: jax.Array, keep: jax.Array,
+             batch: SampleBatch, cfg: AdvantageConfig, axis_name: AxisName,
+             metrics: dict[str, jax.Array]) -> AdvantageOutput:
+  """Batch normalisation, clamp, token broadcast and the metrics every estimator reports."""
+  tmask = batch.token_mask & keep[:, None]
+  token_level = adv.ndim == 2
+  weight = tmask if token_level else keep
+  n = count(weight, axis_name)
+  mean = psum(jnp.sum(jnp.where(weight, adv, 0.0)), axis_name) / jnp.maximum(n, 1.0)
+  sq = psum(jnp.sum(jnp.where(weight, jnp.square(adv - mean), 0.0)), axis_name)
+  std = jnp.sqrt(jnp.where(n > cfg.std_ddof, sq / jnp.maximum(n - cfg.std_ddof, 1.0), 0.0))
+  if cfg.normalize_batch:
+    adv = (adv - mean) / (std + cfg.eps)
+  adv = jnp.clip(adv, -cfg.clamp, cfg.clamp)
+  adv = jnp.where(tmask, adv if token_level else adv[:, None], 0.0)
+  if returns is not None:
+    returns = jnp.where(tmask, returns if returns.ndim == 2 else returns[:, None], 0.0)
+  r = mixed_reward(batch, cfg.alpha)
+  n_valid = count(valid, axis_name)
+  metrics = dict(metrics)
+  metrics.update(
+      reward_mean=psum(jnp.sum(jnp.where(valid, r, 0.0)), axis_name) / jnp.maximum(n_valid, 1.0),
+      adv_mean=mean,  # before batch normalisation and clamp
+      adv_std=std,
+      valid_samples=n_valid,
+      kept_samples=count(keep, axis_name),
+      out_of_range=count(batch.sample_mask & ~valid, axis_name),
+  )
+  return AdvantageOutput(advantages=adv, returns=returns, sample_mask=keep, metrics=metrics)
+
+
+def check_estimator(cfg: AdvantageConfig, name: str, space: GroupSpace, needs: str | None = None):
+  """Refuses a config naming another estimator, or a `space` without the ids `name` needs."""
+  if cfg.estimator != name:
+    raise ValueError(f"config names estimator {cfg.estimator!r} but {name!r} was called")
+  if needs is not None and getattr(space, needs) == 0:
+    raise ValueError(f"estimator {name!r} needs GroupSpace.{needs} > 0, got {space}")

@@ -1,0 +1,158 @@
+"""Group-relative advantage estimators: GRPO, AT-GRPO, Dr. MAS, Dr. GRPO, RLOO, ReMax and
+Dr. MAS's trajectory GRPO.
+
+Group statistics are segment reductions over static segment counts (`GroupSpace`, see
+`segments`), exact across devices, so every device derives identical group decisions (filtering
+ranks) from identical global values. Padding (`sample_mask` False) is excluded from every statistic
+by construction, which Dr. MAS's public code gets wrong (padding duplicates enter the statistics).
+Group ids are mixed-radix codes of (problem, turn, agent) with each factor's own size, so distinct
+problems can never share a group (AT-GRPO's public code divides the problem index by K twice and
+merges them).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from marl_jax.algos.advantage_config import (AdvantageConfig, AdvantageOutput, check_estimator,
+                                             finalize)
+from marl_jax.algos.batch import GroupSpace, SampleBatch, group_ids, mixed_reward
+from marl_jax.algos.segments import AxisName, in_range, moments, seg_max, seg_sum, take
+
+
+def _filter_keep(ids: jax.Array, num: int, valid: jax.Array, policy: jax.Array,
+                 num_policies: int, mean: jax.Array, constant: jax.Array, cfg: AdvantageConfig,
+                 axis_name: AxisName) -> jax.Array:
+  """bool[N]: the sample's group survives filtering (decided from global values, so identically
+  on every device).
+
+  "lowest_mean" ranks each policy's groups on their own: PettingLLMs filters every model's batch
+  separately, so with one policy per agent each agent loses its own lowest-mean fraction (a
+  shared policy is one ranking, as before). A group whose samples come from several policies
+  (group_by "problem") enters the ranking of each of them with the group's mean. Ties drop the
+  lower group id first.
+  """
+  if cfg.filter == "zero_variance":
+    return ~take(constant, ids)
+  if cfg.filter != "lowest_mean":
+    return jnp.ones_like(valid)
+  pair = policy * num + ids  # (policy, group), policy-major: row p of a [num_policies, num] grid
+  present = seg_sum(jnp.ones(ids.shape, jnp.float32), pair, valid, num_policies * num,
+                    axis_name).reshape(num_policies, num) > 0
+  order = jnp.argsort(jnp.where(present, mean[None, :], jnp.inf), axis=1, stable=True)
+  rank = jnp.argsort(order, axis=1)  # rank of each group within its policy's row
+  k = jnp.floor(cfg.filter_fraction * jnp.sum(present, axis=1))  # [num_policies]
+  keep = present & (rank >= k[:, None])
+  return take(keep.reshape(-1), pair)
+
+
+def _group_estimate(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
+                    axis_name: AxisName, name: str) -> AdvantageOutput:
+  check_estimator(cfg, name, space)
+  cfg = cfg.resolved()
+  r = mixed_reward(batch, cfg.alpha)
+  ids, num, ok = group_ids(batch, cfg.group_by, space)
+  if cfg.filter == "lowest_mean":  # ranked per policy; one policy per agent at most
+    ok &= in_range(batch.policy_id, 0, space.num_agents)
+  valid = batch.sample_mask & ok
+  cnt, mean, std = moments(r, ids, valid, num, cfg.std_ddof, axis_name)
+  constant = seg_max(r, ids, valid, num, axis_name) <= -seg_max(-r, ids, valid, num, axis_name)
+  in_kept_group = valid & _filter_keep(ids, num, valid, batch.policy_id, space.num_agents, mean,
+                                       constant, cfg, axis_name)
+  g_cnt, g_mean, g_std = take(cnt, ids), take(mean, ids), take(std, ids)
+  train = valid
+  metrics = {}
+  if name == "rloo":
+    # Leave-one-out mean: r_i - (sum - r_i) / (n - 1) = n / (n - 1) * (r_i - mean).
+    adv = jnp.where(g_cnt > 1, g_cnt / jnp.maximum(g_cnt - 1.0, 1.0) * (r - g_mean), 0.0)
+  elif name == "remax":
+    greedy = valid & batch.is_greedy
+    n_greedy = seg_sum(jnp.ones_like(r), ids, greedy, num, axis_name)
+    base = seg_sum(r, ids, greedy, num, axis_name) / jnp.maximum(n_greedy, 1.0)
+    has_base = take(n_greedy, ids) > 0
+    adv = jnp.where(has_base, r - take(base, ids), 0.0)
+    train = valid & ~batch.is_greedy & has_base
+    metrics["groups_without_greedy"] = jnp.sum((cnt > 0) & (n_greedy == 0)).astype(jnp.float32)
+  else:
+    if name == "drmas":  # a singleton group has no statistics: mean 0, std 1
+      g_mean = jnp.where(g_cnt > 1, g_mean, 0.0)
+      g_std = jnp.where(g_cnt > 1, g_std, 1.0)
+    adv = r - g_mean
+    if cfg.normalize_std:
+      adv = adv / (g_std + cfg.eps)
+  keep = train & in_kept_group
+  kept_cnt = seg_sum(jnp.ones_like(r), ids, in_kept_group, num, axis_name)
+  metrics.update(groups=jnp.sum(cnt > 0).astype(jnp.float32),
+                 groups_kept=jnp.sum(kept_cnt > 0).astype(jnp.float32))
+  return finalize(jnp.where(keep, adv, 0.0), None, valid, keep, batch, cfg, axis_name, metrics)
+
+
+def grpo(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
+         axis_name: AxisName = None) -> AdvantageOutput:
+  """GRPO: `(r - mean_g) / (std_g + eps)` over the samples of one problem."""
+  return _group_estimate(batch, cfg, space, axis_name, "grpo")
+
+
+def at_grpo(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
+            axis_name: AxisName = None) -> AdvantageOutput:
+  """AT-GRPO: GRPO within (problem, turn, agent), whose members share one prompt (tree sampling)."""
+  return _group_estimate(batch, cfg, space, axis_name, "at_grpo")
+
+
+def drmas(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
+          axis_name: AxisName = None) -> AdvantageOutput:
+  """Dr. MAS: per-agent statistics over (problem, agent), unbiased std; singleton: mean 0, std 1."""
+  return _group_estimate(batch, cfg, space, axis_name, "drmas")
+
+
+def dr_grpo(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
+            axis_name: AxisName = None) -> AdvantageOutput:
+  """Dr. GRPO: `r - mean_g`, no std division (avoids up-weighting near-constant groups)."""
+  return _group_estimate(batch, cfg, space, axis_name, "dr_grpo")
+
+
+def rloo(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
+         axis_name: AxisName = None) -> AdvantageOutput:
+  """RLOO: baseline = mean of the *other* samples of the group (unbiased); singletons get 0."""
+  return _group_estimate(batch, cfg, space, axis_name, "rloo")
+
+
+def remax(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
+          axis_name: AxisName = None) -> AdvantageOutput:
+  """ReMax: baseline = reward of the group's greedy sample(s) (`is_greedy`; mean if several).
+
+  The greedy samples only provide the baseline and are removed from the output `sample_mask`;
+  a group without a greedy sample has no baseline, so its samples are dropped as well (counted in
+  the `groups_without_greedy` metric). CoMLRL's "max" baseline is `magrpo` with `baseline="max"`.
+  """
+  return _group_estimate(batch, cfg, space, axis_name, "remax")
+
+
+def traj_grpo(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
+              axis_name: AxisName = None) -> AdvantageOutput:
+  """Dr. MAS's vanilla GRPO baseline: trajectories, not calls, are the group's members.
+
+  Each call is scored with its trajectory's mean (mixed) reward, and those K trajectory values of
+  a problem are normalised, `(R_traj - mean) / (std + eps)` (unbiased std by default), so a
+  trajectory that makes more calls does not weigh more in the statistics. A problem with a single
+  trajectory has no statistics: mean 0, std 1 (as in Dr. MAS's code). Needs `traj_id`; a
+  trajectory's problem is its samples' `problem_id`.
+  """
+  check_estimator(cfg, "traj_grpo", space, "num_trajs")
+  cfg = cfg.resolved()
+  n_t, n_p = space.num_trajs, space.num_problems
+  traj = batch.traj_id
+  valid = batch.sample_mask & in_range(traj, 0, n_t) & in_range(batch.problem_id, 0, n_p)
+  r = mixed_reward(batch, cfg.alpha)
+  t_cnt, r_traj, _ = moments(r, traj, valid, n_t, 0, axis_name)  # [num_trajs], global
+  present = t_cnt > 0
+  prob = seg_max(batch.problem_id, traj, valid, n_t, axis_name)
+  # Trajectory arrays are already global, so problem statistics need no further collective.
+  p_cnt, p_mean, p_std = (take(x, prob) for x in moments(r_traj, prob, present, n_p,
+                                                          cfg.std_ddof, None))
+  a = r_traj - jnp.where(p_cnt > 1, p_mean, 0.0)
+  if cfg.normalize_std:
+    a = a / (jnp.where(p_cnt > 1, p_std, 1.0) + cfg.eps)
+  adv = jnp.where(valid, take(a, traj), 0.0)
+  metrics = dict(trajectories=jnp.sum(present).astype(jnp.float32))
+  return finalize(adv, None, valid, valid, batch, cfg, axis_name, metrics)
