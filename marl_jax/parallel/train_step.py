@@ -226,6 +226,83 @@ def fill_ref_logp(cfg: TrainConfig, reference, frozen, specs, batch):
                       batch, logp, is_leaf=lambda x: isinstance(x, TrainBatch))
 
 
+def _batch_specs(spec: P, batch: Any) -> Any:
+  """`spec` for every leaf of `batch` (all batch arrays split along the sample axis)."""
+  return jax.tree.map(lambda _: spec, batch)
+
+
+def _sharded(mesh: Mesh, pcfg: policies.PolicyConfig, fsdp: int,
+             batch_specs: Callable[[Any], Any], body: Callable, out_specs: Callable) -> Callable:
+  """`body(params, frozen, specs, batch)` (local shards) shard_map'ed over the mesh;
+  `out_specs(specs, batch)` gives its output specs."""
+
+  def run(params, frozen, batch):
+    specs = policies.param_specs(pcfg, params, frozen, fsdp)
+    return jax.shard_map(lambda p, f, b: body(p, f, specs, b), mesh=mesh,
+                         in_specs=(specs[0], specs[1], batch_specs(batch)),
+                         out_specs=out_specs(specs, batch))(params, frozen, batch)
+
+  return run
+
+
+def _cached_step_jit(step: Callable, compiler_options: dict[str, Any] | None) -> Callable:
+  """`step(state, frozen, batch)` jitted once per state structure and shardings, state donated.
+
+  The new state keeps the old state's shardings (those `init` chose), so every step after the
+  first hits the compilation cache and callers see stable array shardings.
+  """
+  step_jits: dict[Any, Any] = {}
+
+  def run(state, frozen, batch):
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    key = (jax.tree.structure(state), tuple(jax.tree.leaves(shardings)))
+    if key not in step_jits:
+      step_jits[key] = jax.jit(step, donate_argnums=(0,), out_shardings=(shardings, None),
+                               compiler_options=compiler_options)
+    return step_jits[key](state, frozen, batch)
+
+  return run
+
+
+def _checked(check: Callable[[Any], None], fn: Callable) -> Callable:
+  """`fn(params, frozen, batch)` after `check(batch)` (the batch layout validation)."""
+
+  def run(params, frozen, batch):
+    check(batch)
+    return fn(params, frozen, batch)
+
+  return run
+
+
+def _reference_copy(adapters: bool) -> Callable[[Any], Any]:
+  """trainable -> the KL reference: None with adapters (LoRA: the base is the reference), else
+  trainable['policy'] in new buffers (a jitted copy; an identity would hand back the inputs),
+  sharded like the params."""
+  copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+
+  def reference_params(trainable):
+    return None if adapters else copy(trainable["policy"])
+
+  return reference_params
+
+
+def _make_init(pcfg: policies.PolicyConfig, tx: optax.GradientTransformation, mesh: Mesh,
+               fsdp: int, compiler_options: dict[str, Any] | None) -> Callable[[Any], TrainState]:
+  """The `init` of `TrainFns`."""
+
+  @functools.partial(jax.jit, compiler_options=compiler_options)
+  def init_state(trainable):
+    return TrainState(step=jnp.zeros((), jnp.int32), params=trainable,
+                      opt_state=tx.init(trainable), skipped=jnp.zeros((), jnp.int32))
+
+  def init(trainable):
+    """The first TrainState (params placed with their FSDP specs; takes ownership of them)."""
+    return init_state(sharding.put(trainable, mesh,
+                                   policies.trainable_specs(pcfg, trainable, fsdp)))
+
+  return init
+
+
 def make_train_step(cfg: TrainConfig, mesh: Mesh,
                     optimizer: optax.GradientTransformation | None = None,
                     compiler_options: dict[str, Any] | None = None) -> TrainFns:
@@ -251,97 +328,48 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
     raise ValueError(f"mini_batch_size={cfg.mini_batch_size} does not split into devices x "
                      f"micro_batches = {shards}; expected a multiple of {shards}")
   spec = layouts.batch_spec(pcfg, BATCH_AXES)
-  batch_specs = lambda batch: jax.tree.map(lambda _: spec, batch)
-  param_specs = lambda trainable, frozen: policies.param_specs(pcfg, trainable, frozen, fsdp)
-
-  def sharded(body, out_specs):
-    """`body(params, frozen, specs, batch)` (local shards) shard_map'ed over the mesh."""
-
-    def run(params, frozen, batch):
-      specs = param_specs(params, frozen)
-      return jax.shard_map(lambda p, f, b: body(p, f, specs, b), mesh=mesh,
-                           in_specs=(specs[0], specs[1], batch_specs(batch)),
-                           out_specs=out_specs(specs, batch))(params, frozen, batch)
-
-    return run
+  batch_specs = functools.partial(_batch_specs, spec)
+  sharded = functools.partial(_sharded, mesh, pcfg, fsdp, batch_specs)
+  jit = functools.partial(jax.jit, compiler_options=compiler_options)
 
   # `b` is the batch, or (batch, RolloutTargets) of one update of a rollout.
   sharded_grads = sharded(lambda p, f, specs, b: gradients.local_grads(
       cfg, p, f, *((b, None) if not isinstance(b, tuple) else b), specs),
                           lambda specs, batch: (specs[0], P()))
-  sharded_prepare = sharded(lambda p, f, specs, b: gradients.rollout_targets(cfg, p, f, specs, b),
-                            lambda specs, batch: (batch_specs(batch), spec, P()))
-  sharded_old_values = sharded(lambda p, f, specs, b: fill_old_values(cfg, p, f, specs, b),
-                               lambda specs, batch: batch_specs(batch))
 
   def step(state: TrainState, frozen: Any, batch: Any):
     grads, metrics = sharded_grads(state.params, frozen, batch)
     return guarded_update(cfg, tx, parts, state, grads, metrics)
 
-  jitted_old_values = jax.jit(sharded_old_values, compiler_options=compiler_options)
-  jitted_prepare = jax.jit(sharded_prepare, compiler_options=compiler_options)
-  kl = cfg.loss.kl_coef != 0.0
-  adapters = layouts.of(pcfg).adapters
-  with_ref = lambda batch: jax.tree.map(lambda b: b.replace(ref_logp=b.old_logp), batch,
-                                        is_leaf=lambda x: isinstance(x, TrainBatch))
-  jitted_ref_logp = jax.jit(sharded(
-      lambda r, f, specs, b: fill_ref_logp(cfg, r["policy"], f, specs, b),
-      lambda specs, batch: batch_specs(with_ref(batch))), compiler_options=compiler_options)
-  step_jits: dict[Any, Any] = {}
-
   def check(batch):
     layouts.validate_batch(pcfg, cfg.space, cfg.agent_policies, batch, shards)
 
+  cached_step = _cached_step_jit(step, compiler_options)
+
   def checked_step(state, frozen, batch, targets=None):
     check(batch)
-    if targets is not None:
-      batch = (batch, targets)
-    # The new state keeps the old state's shardings (those `init` chose), so every step after
-    # the first hits the compilation cache and callers see stable array shardings.
-    shardings = jax.tree.map(lambda x: x.sharding, state)
-    key = (jax.tree.structure(state), tuple(jax.tree.leaves(shardings)))
-    if key not in step_jits:
-      step_jits[key] = jax.jit(step, donate_argnums=(0,), out_shardings=(shardings, None),
-                               compiler_options=compiler_options)
-    return step_jits[key](state, frozen, batch)
+    return cached_step(state, frozen, batch if targets is None else (batch, targets))
 
-  def checked_old_values(params, frozen, batch):
-    check(batch)
-    return jitted_old_values(params, frozen, batch)
-
-  def checked_prepare(params, frozen, batch):
-    check(batch)
-    return jitted_prepare(params, frozen, batch)
-  def checked_ref_logp(reference, frozen, batch):
-    check(batch)
-    return jitted_ref_logp({"policy": reference}, frozen, batch)
-
-  # New buffers (a jitted copy; an identity would hand back the inputs), sharded like the params.
-  copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
-
-  def reference_params(trainable):
-    return None if adapters else copy(trainable["policy"])
+  old_values = jit(sharded(lambda p, f, specs, b: fill_old_values(cfg, p, f, specs, b),
+                           lambda specs, batch: batch_specs(batch)))
+  prepare = jit(sharded(lambda p, f, specs, b: gradients.rollout_targets(cfg, p, f, specs, b),
+                        lambda specs, batch: (batch_specs(batch), spec, P())))
+  with_ref = lambda batch: jax.tree.map(lambda b: b.replace(ref_logp=b.old_logp), batch,
+                                        is_leaf=lambda x: isinstance(x, TrainBatch))
+  ref_logp = jit(sharded(lambda r, f, specs, b: fill_ref_logp(cfg, r["policy"], f, specs, b),
+                         lambda specs, batch: batch_specs(with_ref(batch))))
+  kl = cfg.loss.kl_coef != 0.0
 
   def shard_params(trainable, frozen):
-    specs = param_specs(trainable, frozen)
+    specs = policies.param_specs(pcfg, trainable, frozen, fsdp)
     return sharding.put(trainable, mesh, specs[0]), sharding.put(frozen, mesh, specs[1])
 
-  @functools.partial(jax.jit, compiler_options=compiler_options)
-  def init_state(trainable):
-    return TrainState(step=jnp.zeros((), jnp.int32), params=trainable,
-                      opt_state=tx.init(trainable), skipped=jnp.zeros((), jnp.int32))
-
-  def init(trainable):
-    """The first TrainState (params placed with their FSDP specs; takes ownership of them)."""
-    return init_state(sharding.put(trainable, mesh,
-                                   policies.trainable_specs(pcfg, trainable, fsdp)))
-
-  def shard_batch(batch):
-    return sharding.put(batch, mesh, batch_specs(batch))
-
-  return TrainFns(init=init, step=checked_step, shard_params=shard_params,
-                  shard_batch=shard_batch,
-                  old_values=checked_old_values if pcfg.critic is not None else None,
-                  prepare=checked_prepare,
-                  ref_logp=checked_ref_logp if kl else None,
-                  reference_params=reference_params if kl else None)
+  return TrainFns(
+      init=_make_init(pcfg, tx, mesh, fsdp, compiler_options), step=checked_step,
+      shard_params=shard_params,
+      shard_batch=lambda batch: sharding.put(batch, mesh, batch_specs(batch)),
+      old_values=_checked(check, old_values) if pcfg.critic is not None else None,
+      prepare=_checked(check, prepare),
+      ref_logp=(_checked(check, lambda ref, frozen, batch: ref_logp({"policy": ref}, frozen, batch))
+                if kl else None),
+      reference_params=_reference_copy(layouts.of(pcfg).adapters) if kl else None)
