@@ -117,9 +117,9 @@ def recorded(monkeypatch):
   def recording_make(cfg, mesh, *args, **kwargs):
     fns = make(cfg, mesh, *args, **kwargs)
 
-    def step(state, frozen, batch):
+    def step(state, frozen, batch, targets=None):
       before = jax.device_get(state.params)  # the step donates `state`
-      new_state, metrics = fns.step(state, frozen, batch)
+      new_state, metrics = fns.step(state, frozen, batch, targets)
       steps.append(dict(batch=jax.device_get(batch), before=before,
                         after=jax.device_get(new_state.params), frozen=jax.device_get(frozen),
                         metrics=jax.device_get(metrics)))
