@@ -18,6 +18,27 @@ def best_time(fn, repeats: int) -> tuple[float, object]:
   return best, out
 
 
+def timed_jax(run, repeats: int, compile_log: list[float]) -> tuple[float, Any, dict[str, float]]:
+  """(best seconds, last output, {first_call_s, compile_s}) of a jitted `run`: the first call
+  (which compiles) is timed apart from the `repeats` measured ones."""
+  compiles_before = len(compile_log)
+  start = time.perf_counter()
+  run()
+  first = time.perf_counter() - start
+  seconds, out = best_time(run, repeats)
+  return seconds, out, {"first_call_s": first, "compile_s": sum(compile_log[compiles_before:])}
+
+
+def left_padded(prompts: list[list[int]], pad_id: int):
+  """(input ids [B, W], attention mask [B, W]) torch tensors of left-padded prompts."""
+  import torch
+
+  width = max(map(len, prompts))
+  inputs = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+  mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+  return inputs, mask
+
+
 def compile_seconds_log() -> list[float]:
   """A list that collects the seconds of every later XLA compilation in this process."""
   import jax

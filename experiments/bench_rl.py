@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 from absl import app, flags
 
-from experiments.bench_common import best_time, setup
+from experiments.bench_common import best_time, left_padded, setup, timed_jax
 
 _PROMPTS = flags.DEFINE_integer("prompts", 2, "Distinct prompts per task (N).")
 _GROUP = flags.DEFINE_integer("group", 8, "Samples per prompt (G).")
@@ -51,12 +50,12 @@ _TASK_PROMPTS = {
 
 def task_prompts(tokenizer, task: str, n: int) -> list[list[int]]:
   """Token ids of n chat-rendered first observations of `task` (seeds 0..n-1)."""
-  from marl_jax.envs.base import make_env
+  from marl_jax.workflows import registry
 
   if task not in _TASK_PROMPTS:
     raise ValueError(f"--tasks has {task!r}; expected names from {sorted(_TASK_PROMPTS)}")
   name, kwargs, agent = _TASK_PROMPTS[task]
-  messages = [make_env(name, seed=s, **kwargs).observe(agent).messages() for s in range(n)]
+  messages = [registry.make_env(name, seed=s, **kwargs).observe(agent).messages() for s in range(n)]
   return [tokenizer.encode(tokenizer.apply_chat_template(m)) for m in messages]
 
 
@@ -67,32 +66,26 @@ def bench_jax(model, prompts, group: int, repeats: int, compile_log: list[float]
   from marl_jax.sampling.params import SamplingParams
   from marl_jax.sampling.sampler import Sampler
 
-  compiles_before = len(compile_log)
   sampler = Sampler(model.config, model.tokenizer, share_prompts=share_prompts)
   sampling = SamplingParams(max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value,
                             top_p=_TOP_P.value)
   rows = [p for p in prompts for _ in range(group)]  # as the rollout passes a group
   run = lambda: sampler.generate(model.params, rows, sampling, jax.random.key(0))
-  start = time.perf_counter()
-  run()  # warm-up: compiles
-  first = time.perf_counter() - start
-  seconds, out = best_time(run, repeats)
+  seconds, out, compile_times = timed_jax(run, repeats, compile_log)
   useful = sum(len(c.tokens) for c in out)
   longest = max(len(c.tokens) for c in out)
   return {"share_prompts": share_prompts, "seconds": seconds, "useful_tokens": useful,
           "useful_tokens_per_s": useful / seconds, "mean_length": useful / len(out),
           "max_length": longest, "useful_row_step_fraction": useful / (len(out) * longest),
-          "stopped": sum(c.finish_reason != "length" for c in out), "first_call_s": first,
-          "compile_s": sum(compile_log[compiles_before:])}
+          "stopped": sum(c.finish_reason != "length" for c in out), **compile_times}
 
 
 def bench_torch(model, tokenizer, prompts, group: int, repeats: int, threads: int) -> dict:
   import torch
 
   torch.set_num_threads(threads)
-  width = max(map(len, prompts))
-  inputs = torch.tensor([[tokenizer.pad_id] * (width - len(p)) + p for p in prompts])
-  mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+  inputs, mask = left_padded(prompts, tokenizer.pad_id)
+  width = inputs.shape[1]
   stops = list(tokenizer.stop_token_ids)
 
   def run(n=_MAX_NEW.value):

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 from absl import app, flags
 
-from experiments.bench_common import best_time, setup
+from experiments.bench_common import best_time, left_padded, setup, timed_jax
 
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["8", "64"], "Batch sizes to measure.")
 _PROMPT_TOKENS = flags.DEFINE_integer(
@@ -59,26 +58,20 @@ def bench_jax(model, prompts, new_tokens: int, repeats: int, compile_log: list[f
   from marl_jax.sampling.params import SamplingParams
   from marl_jax.sampling.sampler import Sampler
 
-  compiles_before = len(compile_log)
   sampler = Sampler(model.config, model.tokenizer)
   sampling = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, stop_token_ids=())
   run = lambda: sampler.generate(model.params, prompts, sampling, jax.random.key(0))
-  start = time.perf_counter()
-  run()  # warm-up: compiles
-  first = time.perf_counter() - start
-  seconds, out = best_time(run, repeats)
+  seconds, out, compile_times = timed_jax(run, repeats, compile_log)
   return {"seconds": seconds, "new_tokens_per_s": len(prompts) * new_tokens / seconds,
-          "first_call_s": first, "compile_s": sum(compile_log[compiles_before:]),
-          "tokens": [c.tokens.tolist() for c in out]}
+          **compile_times, "tokens": [c.tokens.tolist() for c in out]}
 
 
 def bench_torch(model, tokenizer, prompts, new_tokens: int, repeats: int, threads: int) -> dict:
   import torch
 
   torch.set_num_threads(threads)
-  width = max(map(len, prompts))
-  inputs = torch.tensor([[tokenizer.pad_id] * (width - len(p)) + p for p in prompts])
-  mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+  inputs, mask = left_padded(prompts, tokenizer.pad_id)
+  width = inputs.shape[1]
 
   def run(n=new_tokens):
     with torch.inference_mode():

@@ -32,7 +32,7 @@ def guarded(main: Callable[..., Any]) -> Callable[..., Any]:
     try:
       return main(*args)
     except ReportedError as e:
-      sys.exit(f"error: {' '.join(str(e).split())}")
+      sys.exit(e.report())
 
   return checked
 

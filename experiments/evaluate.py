@@ -32,11 +32,10 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def run_evaluation(config, workdir: str, step: int | None) -> dict:
   from marl_jax.training import plots, preflight, trainer
-  from marl_jax.training.checkpoint import Checkpointer
+  from marl_jax.training.checkpoint import saved_steps
   if step is not None:  # before the model loads
     preflight.check_workdir(workdir)
-    with Checkpointer.from_config(config.checkpoint, workdir) as checkpointer:
-      steps = checkpointer.all_steps()
+    steps = saved_steps(workdir)
     if step not in steps:
       raise UserInputError(f"--checkpoint={step}: no such checkpoint in {workdir}; expected one "
                            f"of the saved steps {steps}")

@@ -26,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     return args.run(args)
   except ReportedError as e:  # trace files, traces and replay setup: one line
-    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    print(e.report(), file=sys.stderr)
     return 1
 
 

@@ -15,6 +15,10 @@ from __future__ import annotations
 class ReportedError(Exception):
   """An error whose one-line message is the whole report for the user."""
 
+  def report(self) -> str:
+    """`error: <message>` on one line (whitespace runs, newlines included, folded)."""
+    return "error: " + " ".join(str(self).split())
+
 
 class UserInputError(ReportedError, ValueError):
   """A bad value given by the user; its message is one line naming the value and the fix.

@@ -77,7 +77,7 @@ def _grow(cache: decoder.KVCache, n: int) -> decoder.KVCache:
 
 def block_spans(new_slots: int, block: int) -> list[int]:
   """New-token slots visible to each decode block: [block, 2 * block, ..., new_slots]."""
-  if block <= 0 or block >= new_slots:
+  if block <= 0:
     return [new_slots]
   return [min(j, new_slots) for j in range(block, new_slots + block, block)]
 

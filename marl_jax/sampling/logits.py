@@ -48,7 +48,7 @@ def truncated_candidates(scaled: jax.Array, logp: jax.Array, top_k: jax.Array, t
                     jnp.exp(cand_logp))
   mass_before = jnp.cumsum(probs, axis=-1) - probs  # [B, C] mass of strictly more likely tokens
   keep = in_top_k & ((mass_before < top_p) | (jnp.arange(C) == 0))
-  return ids.astype(jnp.int32), jnp.where(keep, values, -jnp.inf)
+  return ids, jnp.where(keep, values, -jnp.inf)  # lax.top_k ids are int32
 
 
 def select_tokens(

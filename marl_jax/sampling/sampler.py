@@ -222,12 +222,12 @@ class Sampler:
     for i, row in enumerate(ids):
       policy = None if policy_ids is None else int(policy_ids[i])
       identity = (tuple(row), policy) if self.share_prompts else (i,)
-      if identity not in index:
-        index[identity] = len(firsts)
+      u = index.setdefault(identity, len(firsts))
+      if u == len(firsts):
         firsts.append(i)
-      group.append(index[identity])
+      group.append(u)
     b = self.buckets
-    n_unique = round_rows(len(index), b.row_multiple)
+    n_unique = round_rows(len(firsts), b.row_multiple)
     width = round_up(max(len(row) for row in ids), b.prompt_block)
     tokens = np.full((n_unique, width), self.pad_id, np.int32)
     mask = np.zeros((n_unique, width), bool)

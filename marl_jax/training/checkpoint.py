@@ -85,6 +85,14 @@ class Restored:
   host_state: dict[str, Any]
 
 
+def saved_steps(workdir: str | os.PathLike[str]) -> list[int]:
+  """The complete checkpoint steps of a run, from the directory listing alone: opening a
+  CheckpointManager starts orbax's clean-up of temporary directories in a background thread,
+  which a process that only asks and exits would race at interpreter shutdown."""
+  directory = epath.Path(workdir) / CHECKPOINT_DIR
+  return sorted(ocp.utils.checkpoint_steps(directory)) if directory.exists() else []
+
+
 class Checkpointer:
   """Orbax `CheckpointManager` for (device state, host state) pairs; keeps the last `max_to_keep`.
 

@@ -378,3 +378,15 @@ def test_target_mismatch_is_not_damage(tmp_path):
     Checkpointer(tmp_path).restore(target={"w": jnp.zeros((32, 64)), "b": jnp.zeros(7, jnp.int32)})
   assert not isinstance(raised.value, CheckpointDamagedError)
   assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2", "3"]
+
+
+def test_saved_steps_lists_complete_steps_without_a_manager(tmp_path):
+  """`saved_steps` (the evaluate CLI's check before loading) agrees with the manager's list and
+  ignores a save left half-written."""
+  from marl_jax.training.checkpoint import CHECKPOINT_DIR, saved_steps
+  assert saved_steps(tmp_path) == []
+  ckpt = Checkpointer(tmp_path / CHECKPOINT_DIR)
+  for step in (1, 2):
+    ckpt.save(step, {"w": jnp.zeros(2)}, {"s": step})
+  (tmp_path / CHECKPOINT_DIR / "3.orbax-checkpoint-tmp-7").mkdir()
+  assert saved_steps(tmp_path) == ckpt.all_steps() == [1, 2]
