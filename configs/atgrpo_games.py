@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs.common import CPU_MAX_NEW_TOKENS, parse_preset
+from configs.common import CPU_MAX_NEW_TOKENS, cpu_preset, parse_preset
 from marl_jax.training.config import base_config
 
 VARIANTS = ("mas_shared", "single", "sa_grpo", "mas_norl", "mas_lora", "mas_full")  # default first
@@ -56,17 +56,9 @@ def game_config(env_name: str, env_kwargs: dict, max_turns: int, variant: str,
   c.train.recompute_old_logp = True  # multi_agents_ppo_trainer: "recompute old_log_probs"
   c.train.eval_only = variant in EVAL_ONLY
   if cpu:  # README's main job: about 10 minutes on a 2-core CPU
-    c.model = "smollm2-135m-instruct"
-    c.rollout.problems_per_step = 2
-    c.rollout.k = 2
-    c.sampling.max_new_tokens = 64
-    c.optim.lr = 1e-5
-    c.train.steps = 2
-    c.eval.every = 2
+    cpu_preset(c)
+    c.sampling.max_new_tokens = 64  # the games keep their own two values; task_config resets them
     c.eval.num_problems = 4
-    c.eval.at_start = False
-    c.train.remat = True  # per-layer rematerialisation: a 1k-token batch fits in a few GiB
-    c.checkpoint.every_steps = 1
   return c
 
 

@@ -31,6 +31,7 @@ import flax.struct
 import jax
 import numpy as np
 
+from marl_jax.algos.segments import in_range
 from marl_jax.sampling.sampler import bucket
 
 
@@ -219,23 +220,19 @@ def parent_node(traj: int, turn: int, max_turns: int, branching: int = 1) -> int
   return node_id(traj - traj % span, turn - 1, max_turns)
 
 
-def _in_range(ids: jax.Array, low: int, high: int) -> jax.Array:
-  return (ids >= low) & (ids < high)
-
-
 def group_ids(batch: SampleBatch, group_by: str,
               space: GroupSpace) -> tuple[jax.Array, int, jax.Array]:
   """Mixed-radix group code [N] of (problem[, turn][, agent]), its segment count, and whether
   each sample's ids are in range [N]. `group_by`: "problem", "problem_agent" or
   "problem_turn_agent"; each factor has its own radix, so distinct problems never share a group."""
   p, t, a = batch.problem_id, batch.turn, batch.agent_id
-  ok = _in_range(p, 0, space.num_problems)
+  ok = in_range(p, 0, space.num_problems)
   if group_by == "problem":
     return p, space.num_problems, ok
-  ok &= _in_range(a, 0, space.num_agents)
+  ok &= in_range(a, 0, space.num_agents)
   if group_by == "problem_agent":
     return p * space.num_agents + a, space.num_problems * space.num_agents, ok
-  ok &= _in_range(t, 0, space.max_turns)
+  ok &= in_range(t, 0, space.max_turns)
   ids = (p * space.max_turns + t) * space.num_agents + a
   return ids, space.num_problems * space.max_turns * space.num_agents, ok
 

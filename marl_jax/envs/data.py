@@ -8,10 +8,11 @@ presets.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import pathlib
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from marl_jax.errors import UserInputError
 
@@ -66,8 +67,26 @@ def read_records(path: str | pathlib.Path) -> list[dict[str, Any]]:
   return rows
 
 
-def nonempty_rows(kind: str, path: str, rows: int) -> int:
-  """`rows`, the row count of `kind` dataset `path`, refused when the file has none."""
-  if rows == 0:
-    raise UserInputError(f"{kind} dataset {path!r} has no rows")
-  return rows
+def file_rows(kind: str, load: Callable[..., Sequence[Any]], path_key: str,
+              option_key: str | None = None,
+              default: Any = None) -> Callable[[dict[str, Any]], int | None]:
+  """A family's `Task.dataset_rows`: the row count of the file named by env kwarg `path_key`
+  (None without one), read by `load(path)` or `load(path, kwargs[option_key] or default)`.
+
+  Counts are cached per (path, option); a file without rows is refused.
+  """
+
+  @functools.lru_cache(maxsize=32)
+  def count(path: str, option: Any) -> int:
+    rows = len(load(path) if option_key is None else load(path, option))
+    if rows == 0:
+      raise UserInputError(f"{kind} dataset {path!r} has no rows")
+    return rows
+
+  def dataset_rows(env_kwargs: dict[str, Any]) -> int | None:
+    path = env_kwargs.get(path_key)
+    if path is None:
+      return None
+    return count(str(path), None if option_key is None else env_kwargs.get(option_key) or default)
+
+  return dataset_rows

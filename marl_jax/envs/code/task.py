@@ -9,7 +9,6 @@ seed s is row s % rows of that file.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from marl_jax.envs.base import Task, Workflow
@@ -17,7 +16,7 @@ from marl_jax.envs.code import data as code_data
 from marl_jax.envs.code.env import CodeEnv, CodeProblem
 from marl_jax.envs.code.harness import ExecLimits
 from marl_jax.envs.code.magrpo import AuxMainEnv
-from marl_jax.envs.data import nonempty_rows
+from marl_jax.envs.data import file_rows
 
 WORKFLOWS = {
     "atgrpo": Workflow(("coder", "tester"), max_turns=4),
@@ -68,15 +67,7 @@ def problem(variant: str, max_turns: int, seed: int) -> dict[str, Any]:
   return dict(source, workflow=variant, max_turns=max_turns)
 
 
-@functools.lru_cache(maxsize=32)
-def _rows(path: str, fmt: str) -> int:
-  return nonempty_rows("code", path, len(code_data.load_code(path, fmt)))
-
-
-def dataset_rows(env_kwargs: dict[str, Any]) -> int | None:
-  path = env_kwargs.get("path")
-  return None if path is None else _rows(str(path), env_kwargs.get("fmt") or "canonical")
-
+dataset_rows = file_rows("code", code_data.load_code, "path", "fmt", "canonical")
 
 TASK = Task(make_env, WORKFLOWS, problem, dataset_rows,
             source_keys=("stdio_seed", "humaneval_index"))

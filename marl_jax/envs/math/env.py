@@ -211,7 +211,7 @@ class DrMASMathEnv(_MathEnv):
                                     "correct": self.final_correct, "solved": self.solved})
     decision = verdict(response)
     invalid = decision is None
-    if approves(response):
+    if decision != "reject":  # as `approves`: no verdict ends the loop too
       self.finished = True
     else:
       self.rejected += (response,)

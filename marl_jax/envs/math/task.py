@@ -5,11 +5,10 @@ kwargs, seed s is row s % rows of that file.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from marl_jax.envs.base import Task, Workflow
-from marl_jax.envs.data import nonempty_rows
+from marl_jax.envs.data import file_rows
 from marl_jax.envs.math import data as math_data
 from marl_jax.envs.math.env import (ATGRPOMathEnv, DrMASMathEnv, MARFTMathEnv, MathProblem,
                                     SingleMathEnv, _MathEnv, approves)
@@ -66,14 +65,6 @@ def problem(variant: str, max_turns: int, seed: int) -> dict[str, Any]:
   return dict(seed=seed, workflow=variant, max_turns=max_turns)
 
 
-@functools.lru_cache(maxsize=32)
-def _rows(path: str, fmt: str) -> int:
-  return nonempty_rows("math", path, len(math_data.load_math(path, fmt)))
-
-
-def dataset_rows(env_kwargs: dict[str, Any]) -> int | None:
-  path = env_kwargs.get("path")
-  return None if path is None else _rows(str(path), env_kwargs.get("fmt") or "auto")
-
+dataset_rows = file_rows("math", math_data.load_math, "path", "fmt", "auto")
 
 TASK = Task(make_env, WORKFLOWS, problem, dataset_rows)

@@ -13,8 +13,8 @@ import numpy as np
 from marl_jax.envs.data import read_records
 
 
-def search_questions(path: str) -> list[dict[str, Any]]:
-  """Questions with gold answers from `golden_answers` (Search-R1), `answers` or `answer`."""
+@functools.lru_cache(maxsize=16)
+def _load_questions_cached(path: str) -> tuple[dict[str, Any], ...]:
   out = []
   for row in read_records(path):
     answers = row.get("golden_answers", row.get("answers", row.get("answer")))
@@ -22,7 +22,13 @@ def search_questions(path: str) -> list[dict[str, Any]]:
     if not answers:
       raise ValueError(f"{path}: question without answers: {row.get('question', '')[:80]!r}")
     out.append({"question": row["question"], "answers": [str(a) for a in answers]})
-  return out
+  return tuple(out)
+
+
+def search_questions(path: str) -> list[dict[str, Any]]:
+  """Questions with gold answers from `golden_answers` (Search-R1), `answers` or `answer`; a file
+  is read once however many envs are built from it."""
+  return list(_load_questions_cached(str(path)))
 
 
 def search_corpus(path: str) -> list[dict[str, str]]:

@@ -12,7 +12,7 @@ import functools
 from typing import Any
 
 from marl_jax.envs.base import Task, Workflow
-from marl_jax.envs.data import nonempty_rows
+from marl_jax.envs.data import file_rows
 from marl_jax.envs.search import data as search_data
 from marl_jax.envs.search.env import AGENTS, FORMAT_PENALTY, Retriever, SearchEnv, route
 
@@ -59,14 +59,6 @@ def problem(variant: str, max_turns: int, seed: int) -> dict[str, Any]:
               num_people=WORLD_QUESTIONS, max_steps=max_turns)
 
 
-@functools.lru_cache(maxsize=32)
-def _question_rows(path: str) -> int:
-  return nonempty_rows("search", path, len(search_data.search_questions(path)))
-
-
-def dataset_rows(env_kwargs: dict[str, Any]) -> int | None:
-  path = env_kwargs.get("questions_path")
-  return None if path is None else _question_rows(str(path))
-
+dataset_rows = file_rows("search", search_data.search_questions, "questions_path")
 
 TASK = Task(make_env, WORKFLOWS, problem, dataset_rows, source_keys=("seed", "index", "num_people"))

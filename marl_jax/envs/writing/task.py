@@ -5,11 +5,10 @@ with `path` (and `field`) in the env kwargs, seed s is row s % rows of that file
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from marl_jax.envs.base import Task, Workflow
-from marl_jax.envs.data import nonempty_rows
+from marl_jax.envs.data import file_rows
 from marl_jax.envs.writing import data as writing_data
 from marl_jax.envs.writing.env import WritingEnv
 
@@ -42,14 +41,6 @@ def problem(variant: str, max_turns: int, seed: int) -> dict[str, Any]:
   return dict(seed=seed)
 
 
-@functools.lru_cache(maxsize=32)
-def _rows(path: str, field: str | None) -> int:
-  return nonempty_rows("writing", path, len(writing_data.load_documents(path, field)))
-
-
-def dataset_rows(env_kwargs: dict[str, Any]) -> int | None:
-  path = env_kwargs.get("path")
-  return None if path is None else _rows(str(path), env_kwargs.get("field"))
-
+dataset_rows = file_rows("writing", writing_data.load_documents, "path", "field")
 
 TASK = Task(make_env, WORKFLOWS, problem, dataset_rows)

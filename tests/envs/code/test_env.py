@@ -218,3 +218,16 @@ def test_hostile_programs_fail_without_crashing(kind, style):
   main = HEAD + "    " + HOSTILE[kind].replace("\n", "\n    ") + "\n    return -1"
   reward = code_magrpo.aux_main_reward(AUX_SQUARE, _fenced(main), SQUARES, FAST)
   assert reward.pass_ratio == 0.0
+
+
+def test_coder_reply_is_read_up_to_max_reply_chars():
+  from marl_jax.envs.base import MAX_REPLY_CHARS
+  solution = _fenced("def sum_of_squares(a, b):\n    return a * a + b * b")
+  inside = " " * (MAX_REPLY_CHARS - len(solution)) + solution
+  past = " " + inside  # the closing fence now lies past the cut: the block runs to the cut
+  beyond = " " * MAX_REPLY_CHARS + solution  # the fence starts past the cut: no code
+  for reply, reward, code in [(inside, 1.0, True), (past, 0.0, True), (beyond, 0.0, False),
+                              (None, 0.0, False)]:
+    env = CodeEnv(SQUARES, workflow="single", limits=FAST)
+    result = env.step("coder", reply)
+    assert result.rewards == {"coder": reward} and result.info["format_error"] == (not code)

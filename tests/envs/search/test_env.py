@@ -113,3 +113,17 @@ def test_local_jsonl_corpus_and_questions(tmp_path):
   assert env.step("answer", "<answer>velmora</answer>").done and env.solved
   hits = search.Retriever(search_data.search_corpus(str(corpus))).retrieve("harbour town")
   assert [h["title"] for h in hits] == ["Kestrel Bay"]
+
+
+def test_questions_file_is_read_once_for_many_envs(tmp_path, monkeypatch):
+  corpus, questions = tmp_path / "corpus.jsonl", tmp_path / "q.jsonl"
+  corpus.write_text(json.dumps({"title": "Ostrand", "text": "Ostrand is a kingdom."}))
+  questions.write_text("\n".join(json.dumps({"question": f"q{i}", "answers": [f"a{i}"]})
+                                 for i in range(3)))
+  reads = []
+  real = search_data.read_records
+  monkeypatch.setattr(search_data, "read_records", lambda path: reads.append(path) or real(path))
+  kwargs = {"corpus_path": str(corpus), "questions_path": str(questions)}
+  envs = [registry.make_env("search", index=i, **kwargs) for i in (0, 1, 2, 0)]
+  assert [e.question["answers"] for e in envs] == [["a0"], ["a1"], ["a2"], ["a0"]]
+  assert [str(p) for p in reads].count(str(questions)) == 1
