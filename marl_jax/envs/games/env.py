@@ -7,6 +7,7 @@ SINGLE_AGENTS (one solver); games/task.py declares the workflows over them.
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 from marl_jax.envs import actions as actions_lib
 from marl_jax.envs.base import Observation, StepResult
