@@ -252,7 +252,7 @@ class Run:
     seeds until that many problems qualify or `rollout.max_refills` extra rollouts are spent
     (`refill.select` keeps the first qualifying ones). Each rollout advances the data position."""
     c, n = self.c, self.c.rollout.problems_per_step
-    results = []
+    results, qualifying = [], []  # qualifying[t]: the qualifying problem ids of results[t]
     while True:
       results.append(rollout(problems(c, self.next_seed, n, multihost.process_slice(n)),
                              self.spec, self.train_policy.generate, self.params,
@@ -260,12 +260,11 @@ class Run:
       self.next_seed += n
       if not self.dynamic:
         return results[0].samples, results[0], {}
-      found = sum(len(refill.qualifying_problems(r.samples, self.advantage.group_by,
-                                                 self.advantage.alpha)) for r in results)
-      if found >= n or len(results) > c.rollout.max_refills:
+      qualifying.append(refill.qualifying_problems(results[-1].samples, self.advantage.group_by,
+                                                   self.advantage.alpha))
+      if sum(map(len, qualifying)) >= n or len(results) > c.rollout.max_refills:
         break
-    samples, metrics = refill.select(results, n, self.advantage.group_by, self.advantage.alpha,
-                                     self.shape.trajs_per_problem)
+    samples, metrics = refill.select(results, qualifying, n, self.shape.trajs_per_problem)
     if metrics["rollout/refill_cap_hit"]:
       logging.warning("dynamic sampling: %d of %d problems qualify after %d rollouts "
                       "(rollout.max_refills=%d); training on those",
