@@ -40,6 +40,7 @@ import numpy as np
 from absl import logging
 
 from marl_jax.algos.batch import BatchShape
+from marl_jax.errors import UserInputError
 from marl_jax.models import loading
 from marl_jax.models.tokenizer import Tokenizer
 from marl_jax.parallel import distributed, layouts, minibatch, multihost, policies
@@ -147,14 +148,10 @@ class Run:
     procs = jax.process_count()
     shards = mesh_lib.batch_shards(self.mesh) * c.train.micro_batches
     if shards % procs or c.rollout.problems_per_step < procs:
-      raise ValueError(f"{procs} processes need config.rollout.problems_per_step >= {procs} "
-                       f"(got {c.rollout.problems_per_step}) and data x fsdp x micro_batches "
-                       f"divisible by {procs} (got {shards})")
-    self.dynamic = built.advantage.filter == "zero_variance" and c.rollout.max_refills > 0
-    if self.dynamic and procs > 1:
-      raise ValueError(f"DAPO dynamic sampling (config.rollout.max_refills="
-                       f"{c.rollout.max_refills} with algo.filter='zero_variance') runs on one "
-                       f"process only, got {procs}; set config.rollout.max_refills=0")
+      raise UserInputError(f"{procs} processes need config.rollout.problems_per_step >= "
+                           f"{procs} (got {c.rollout.problems_per_step}) and data x fsdp x "
+                           f"micro_batches divisible by {procs} (got {shards})")
+    self.dynamic = preflight.dynamic_sampling(c, built)  # one process only: preflight checked
     self.advantage = built.advantage.resolved()
     trajs, branching = id_layout(c.rollout.mode, c.rollout.k, self.spec.max_turns)
     self.shape = BatchShape(

@@ -99,3 +99,16 @@ def test_check_reads_the_datasets_before_loading(tmp_path):
     preflight.check(c, str(tmp_path / "run"))
   (tmp_path / "rows.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
   assert preflight.check(c, str(tmp_path / "run")).advantage.estimator == "at_grpo"
+
+
+def test_dynamic_sampling_needs_one_process(tmp_path, monkeypatch):
+  """DAPO refills run on one process: refused before loading when two processes share the run."""
+  c = config_lib.base_config()
+  c.algo.filter, c.rollout.max_refills = "zero_variance", 2
+  preflight.check(c, str(tmp_path / "one"))
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  with pytest.raises(UserInputError, match=r"config.rollout.max_refills=2 with "
+                     r"algo.filter='zero_variance'\) runs on one process only, got 2"):
+    preflight.check(c, str(tmp_path / "two"))
+  c.rollout.max_refills = 0
+  preflight.check(c, str(tmp_path / "three"))
