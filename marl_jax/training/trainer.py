@@ -139,8 +139,7 @@ class Run:
     sandbox.require_isolation(c.rollout.allow_unsandboxed)  # refuses or warns before the model
     self.c, self.workdir = c, workdir
     self.is_main = jax.process_index() == 0
-    self.spec = registry.workflow_spec(c.env.name, c.env.workflow, c.env.max_turns,
-                                       c.policy.per_role)
+    self.spec = built.spec
     self.policy, base, self.tokenizers = load_team(c, self.spec, built)
     shape = config_lib.mesh_shape(tuple(c.train.mesh), jax.device_count())
     self.mesh = mesh_lib.make_mesh(*shape)

@@ -112,3 +112,22 @@ def test_dynamic_sampling_needs_one_process(tmp_path, monkeypatch):
     preflight.check(c, str(tmp_path / "two"))
   c.rollout.max_refills = 0
   preflight.check(c, str(tmp_path / "three"))
+
+
+@pytest.mark.parametrize("estimator, group_by, refused", [
+    ("at_grpo", None, True),  # its default grouping is (problem, turn, agent)
+    ("grpo", None, False),  # grouped by problem: k=1 still has the problem's other turns/agents
+    ("grpo", "problem_turn_agent", True),
+    ("at_grpo", "problem", False),
+])
+def test_one_sample_per_turn_group_follows_the_resolved_grouping(estimator, group_by, refused):
+  c = config_lib.base_config()
+  c.rollout.k, c.algo.estimator = 1, estimator
+  with c.unlocked():
+    c.algo.group_by = group_by
+  if refused:
+    with pytest.raises(UserInputError, match=r"config.rollout.k=1 puts one sample in every "
+                       rf"\(problem, turn, agent\) group of estimator '{estimator}'"):
+      config_lib.build(c)
+  else:
+    config_lib.build(c)
