@@ -165,7 +165,6 @@ class Run:
         mini_batch_size=c.train.mini_batch_size, epochs=c.train.epochs,
         recompute_old_logp=c.train.recompute_old_logp, tis_cap=c.train.tis_cap)
     self.fns = make_train_step(self.train_cfg, self.mesh)
-    self.select_rows = jax.jit(minibatch.select_rows, static_argnums=0)
     self.run_key = jax.random.key(c.seed)
     trainable, frozen = policies.init_params(self.policy, jax.random.fold_in(self.run_key, 1),
                                              base=base)
@@ -232,7 +231,7 @@ class Run:
       shuffle = np.random.default_rng(np.asarray(jax.random.key_data(
           jax.random.fold_in(jax.random.fold_in(self.run_key, 3), step))))
       self.state, metrics = minibatch.ppo_updates(self.fns, self.train_cfg, self.state,
-                                                  self.frozen, batch, shuffle, self.select_rows)
+                                                  self.frozen, batch, shuffle)
     else:
       self.state, metrics = self.fns.step(self.state, self.frozen, batch)
     out = _scalars(metrics, self.spec.agents)
