@@ -44,13 +44,13 @@ def _blocks(cfg: TrainConfig, tree: Any) -> list[Any]:
   return [tree]
 
 
-def _join(cfg: TrainConfig, parts: list[Any], stack=jnp.stack) -> Any:
+def _join(cfg: TrainConfig, parts: list[Any]) -> Any:
   """Inverse of `_blocks`."""
   layout = layouts.of(cfg.policy)
   if layout.per_policy_models:
     return dict(zip(cfg.policy.names, parts))
   if layout.sample_axis == 1:
-    return jax.tree.map(lambda *xs: stack(xs), *parts)
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *parts)
   return parts[0]
 
 
@@ -91,6 +91,10 @@ def select_rows(cfg: TrainConfig, batch: Any, targets: Any, idx: list[Any],
   return _join(cfg, [p[0] for p in parts]), _join(cfg, [p[1] for p in parts])
 
 
+# One jitted copy for the process, so each (config, mini-batch shape) compiles once.
+_select_rows_jit = jax.jit(select_rows, static_argnums=0)
+
+
 def _host(x: jax.Array) -> np.ndarray:
   """A global array on every process's host (all processes take part in the gather)."""
   if getattr(x, "is_fully_addressable", True):
@@ -98,21 +102,17 @@ def _host(x: jax.Array) -> np.ndarray:
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def _mean_metrics(history: list[dict[str, Any]]) -> dict[str, np.ndarray]:
-  """Per-update metrics -> their means over the updates (MARFT reports the same)."""
-  host = jax.device_get(history)
+def _mean_metrics(host: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+  """Per-update metrics (on the host) -> their means over the updates (MARFT reports the same)."""
   return {k: np.mean([np.asarray(h[k], np.float64) for h in host], axis=0).astype(np.float32)
           for k in host[0]}
 
 
 def ppo_updates(fns: TrainFns, cfg: TrainConfig, state: TrainState, frozen: Any, batch: Any,
-                rng: np.random.Generator, select=None) -> tuple[TrainState, dict[str, Any]]:
+                rng: np.random.Generator) -> tuple[TrainState, dict[str, Any]]:
   """Every update of one rollout (module docstring). Returns the new state and the metrics:
   each step metric's mean over the updates, the advantage metrics of the whole rollout,
-  `updates` and `policy_skipped` (updates whose policy step target_kl or the guard skipped).
-
-  `select`: a jitted `select_rows` (callers keep one so it compiles once per shape)."""
-  select = select or jax.jit(select_rows, static_argnums=0)
+  `updates` and `policy_skipped` (updates whose policy step target_kl or the guard skipped)."""
   batch, targets, adv_metrics = fns.prepare(state.params, frozen, batch)
   kept = [_host(t.sample_mask) for t in _blocks(cfg, targets)]
   history = []
@@ -122,12 +122,12 @@ def ppo_updates(fns: TrainFns, cfg: TrainConfig, state: TrainState, frozen: Any,
       history.append(metrics)
       continue
     for idx, valid in plan(kept, cfg.mini_batch_size, rng):
-      mb, mt = fns.shard_batch(select(cfg, batch, targets, idx, valid))
+      mb, mt = fns.shard_batch(_select_rows_jit(cfg, batch, targets, idx, valid))
       state, metrics = fns.step(state, frozen, mb, mt)
       history.append(metrics)
-  out = _mean_metrics(history)
-  out["updates"] = np.float32(len(history))
-  out["policy_skipped"] = np.float32(len(history) - sum(
-      bool(m["policy_updated"]) for m in jax.device_get(history)))
+  host = jax.device_get(history)
+  out = _mean_metrics(host)
+  out["updates"] = np.float32(len(host))
+  out["policy_skipped"] = np.float32(len(host) - sum(bool(m["policy_updated"]) for m in host))
   out.update({f"adv/{k}": v for k, v in jax.device_get(adv_metrics).items()})
   return state, out

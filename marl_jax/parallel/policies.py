@@ -167,15 +167,15 @@ def reference_logprobs(cfg: PolicyConfig, reference: Any, frozen: Params, specs:
                        batch: Any, *, temperature: float) -> Any:
   """Log-probs of the response tokens under the frozen KL reference, in the batch's layout.
 
-  LoRA: the base without adapters (no extra params). Full models: `reference`, a frozen copy of
-  the initial trainable['policy'] (sharded like it, specs[0]['policy']). Inside shard_map."""
+  LoRA: the base without adapters (no extra params). Full models: `reference['policy']`, a frozen
+  copy of the initial trainable['policy'] (sharded like it, specs[0]['policy']). Inside
+  shard_map."""
   if of(cfg).adapters:
     base, hidden = _one_model(frozen["base"], specs[1]["base"], cfg.models[0], batch, None, False)
     logp, _ = logprobs.token_logprobs_from_hidden(base, cfg.models[0], hidden,
                                                   batch.response, temperature, False)
     return logp
-  logp, _ = token_logprobs(cfg, {"policy": reference}, frozen, specs, batch,
-                           temperature=temperature)
+  logp, _ = token_logprobs(cfg, reference, frozen, specs, batch, temperature=temperature)
   return logp
 
 

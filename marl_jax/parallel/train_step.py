@@ -155,12 +155,12 @@ class TrainFns(NamedTuple):
   step: Callable[..., tuple[TrainState, dict[str, jax.Array]]]
   shard_params: Callable[[Any, Any], tuple[Any, Any]]  # (trainable, frozen) -> on the mesh
   shard_batch: Callable[[Any], Any]
+  # (trainable, frozen, batch) -> (batch, RolloutTargets, advantage metrics): the once-per-rollout
+  # pass of `gradients.rollout_targets`.
+  prepare: Callable[[Any, Any, Any], tuple[Any, gradients.RolloutTargets, Any]]
   # (trainable, frozen, batch) -> the batch with the critic's rollout-time values filled in
   # (`samples.values`, `samples.token_values`); None without a critic.
   old_values: Callable[[Any, Any, Any], Any] | None = None
-  # (trainable, frozen, batch) -> (batch, RolloutTargets, advantage metrics): the once-per-rollout
-  # pass of `gradients.rollout_targets`.
-  prepare: Callable[[Any, Any, Any], tuple[Any, gradients.RolloutTargets, Any]] | None = None
   # (reference, frozen, batch) -> the batch with `ref_logp` filled in (`fill_ref_logp`); None
   # without a KL term. `reference`: `reference_params(...)` (None for LoRA).
   ref_logp: Callable[[Any, Any, Any], Any] | None = None
@@ -219,7 +219,9 @@ def fill_old_values(cfg: TrainConfig, params, frozen, specs, batch):
 
 def fill_ref_logp(cfg: TrainConfig, reference, frozen, specs, batch):
   """The batch with the frozen reference's log-probs of its response tokens (`ref_logp`, the KL
-  term's input), inside shard_map. Like `fill_old_values`: one forward without gradients."""
+  term's input), inside shard_map. Like `fill_old_values`: one forward without gradients.
+  `reference`: {'policy': the reference copy}, shaped like the trainable params so `specs[0]`
+  (computed from it) fits it."""
   logp = policies.reference_logprobs(cfg.policy, reference, frozen, specs, batch,
                                      temperature=cfg.temperature)
   return jax.tree.map(lambda b, lp: b.replace(ref_logp=jnp.where(b.samples.token_mask, lp, 0.0)),
@@ -347,7 +349,11 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
   cached_step = _cached_step_jit(step, compiler_options)
 
   def checked_step(state, frozen, batch, targets=None):
-    check(batch)
+    # With targets the batch is a mini-batch that `select_rows` cut from a batch `prepare` already
+    # checked (rows of it, slots masked; mini_batch_size splits into the shards, checked above):
+    # skip the host copy of every id on each update.
+    if targets is None:
+      check(batch)
     return cached_step(state, frozen, batch if targets is None else (batch, targets))
 
   old_values = jit(sharded(lambda p, f, specs, b: fill_old_values(cfg, p, f, specs, b),
@@ -356,7 +362,7 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
                         lambda specs, batch: (batch_specs(batch), spec, P())))
   with_ref = lambda batch: jax.tree.map(lambda b: b.replace(ref_logp=b.old_logp), batch,
                                         is_leaf=lambda x: isinstance(x, TrainBatch))
-  ref_logp = jit(sharded(lambda r, f, specs, b: fill_ref_logp(cfg, r["policy"], f, specs, b),
+  ref_logp = jit(sharded(lambda r, f, specs, b: fill_ref_logp(cfg, r, f, specs, b),
                          lambda specs, batch: batch_specs(with_ref(batch))))
   kl = cfg.loss.kl_coef != 0.0
 

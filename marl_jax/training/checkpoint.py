@@ -21,7 +21,9 @@ device and on the host, is in one atomic checkpoint. Orbax writes a step into a 
 and renames it when complete, so a crash or a failed write never leaves a half-written step that
 `latest_step()` would pick. Saves are synchronous by default so that a SIGKILL right after `save`
 returns cannot lose that checkpoint; `async_save=True` overlaps writing with training on large
-models (call `wait_until_finished` before relying on it).
+models (call `wait_until_finished` before relying on it). Only orbax's write is overlapped: the
+checksum pass (a host copy and SHA-256 of every array, `checkpoint_integrity.state_checksums`)
+runs synchronously inside `save` either way.
 
 Multi-host: every process calls `save`/`restore` with its own shards; orbax coordinates the array
 writes, and the host states of all processes are gathered into process 0's JSON file. Orbax only
@@ -102,7 +104,8 @@ class Checkpointer:
       every host must reach the same directory).
     max_to_keep: older steps are deleted after a newer one is complete.
     every_steps: `save` skips steps that are not multiples of this (unless forced).
-    async_save: write in a background thread (see the module docstring).
+    async_save: write in a background thread (see the module docstring); the checksums are still
+      computed synchronously inside `save`.
   """
 
   def __init__(self, directory: str | os.PathLike[str] | epath.Path, *, max_to_keep: int = 3,

@@ -32,11 +32,6 @@ def one_line(e: BaseException) -> str:
   return f"{type(e).__name__}: {(lines[0] if lines else '')[:200]}"
 
 
-def _leaf_name(path: tuple[Any, ...]) -> str:
-  """A path name that is the same for a namedtuple field and the dict orbax restores it as."""
-  return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
-
-
 def state_checksums(state: Any) -> dict[str, str]:
   """SHA-256 of each array leaf's dtype, shape and bytes, by leaf name.
 
@@ -44,7 +39,9 @@ def state_checksums(state: Any) -> dict[str, str]:
   time. Multi-host: leaves no process holds whole are not hashed (orbax's own checks only).
   """
   flat = jax.tree_util.tree_flatten_with_path(state)[0]
-  leaves = [(_leaf_name(path), leaf) for path, leaf in flat
+  # Simple names ("train/params/w") are the same for a namedtuple field and the dict orbax
+  # restores it as.
+  leaves = [(jax.tree_util.keystr(path, simple=True, separator="/"), leaf) for path, leaf in flat
             if getattr(leaf, "is_fully_addressable", True)]
   with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
     digests = pool.map(_digest, [leaf for _, leaf in leaves])

@@ -123,6 +123,7 @@ def base_config() -> ml_collections.ConfigDict:
 class Built:
   """The checked objects a run is made of."""
 
+  spec: WorkflowSpec
   advantage: AdvantageConfig
   loss: LossConfig
   optim: OptimConfig
@@ -225,14 +226,15 @@ def build(c: ml_collections.ConfigDict) -> Built:
                      f"{'one agent' if len(spec.agents) == 1 else 'per_role=False'}; use "
                      "kind='shared' or set config.policy.per_role=True")
   _check_team(c, spec)
-  _check_rollout(c, spec)
+  advantage = _dataclass(AdvantageConfig, c.algo, "algo")
+  _check_rollout(c, spec, advantage)
   mesh = tuple(c.train.mesh)
   sizes_ok = all(isinstance(s, int) and not isinstance(s, bool) and (s >= 1 or s == -1)
                  for s in mesh)
   if len(mesh) != 3 or not sizes_ok:
     raise ValueError(f"config.train.mesh={mesh}; expected (data, fsdp, tensor) sizes, integers "
                      ">= 1 or -1 for 'all remaining devices'")
-  return Built(advantage=_dataclass(AdvantageConfig, c.algo, "algo"),
+  return Built(spec=spec, advantage=advantage,
                loss=_dataclass(LossConfig, c.loss, "loss"),
                optim=_dataclass(OptimConfig, c.optim, "optim"),
                lora=_dataclass(LoraConfig, c.lora, "lora") if layout.adapters else None,
@@ -274,7 +276,8 @@ def _check_team(c: ml_collections.ConfigDict, spec: WorkflowSpec) -> None:
                      f"config.loss.policy_loss='ppo' (got {c.loss.policy_loss!r})")
 
 
-def _check_rollout(c: ml_collections.ConfigDict, spec: WorkflowSpec) -> None:
+def _check_rollout(c: ml_collections.ConfigDict, spec: WorkflowSpec,
+                   advantage: AdvantageConfig) -> None:
   """Tree sizes, and rollout/estimator pairs whose every advantage would be 0 (nothing to learn)."""
   mode, k, turns, algo = c.rollout.mode, c.rollout.k, spec.max_turns, c.algo
   try:
@@ -293,8 +296,7 @@ def _check_rollout(c: ml_collections.ConfigDict, spec: WorkflowSpec) -> None:
     if k < 2:
       raise ValueError(f"config.rollout.k={k} gives every MAGRPO node no sibling, so every "
                        "advantage is 0; expected k >= 2")
-  group_by = algo.group_by or {"at_grpo": "problem_turn_agent"}.get(algo.estimator)
-  if (k < 2 and group_by == "problem_turn_agent"
+  if (k < 2 and advantage.resolved().group_by == "problem_turn_agent"
       and algo.estimator in ("grpo", "at_grpo", "dr_grpo", "rloo")):
     raise ValueError(f"config.rollout.k={k} puts one sample in every (problem, turn, agent) group "
                      f"of estimator {algo.estimator!r}, so every advantage is 0; expected k >= 2")
@@ -305,6 +307,11 @@ def learner_temperature(c: ml_collections.ConfigDict) -> float:
   greedy sampling)."""
   if c.train.learner_temperature is not None:
     return c.train.learner_temperature
+  return _sampling_temperature(c)
+
+
+def _sampling_temperature(c: ml_collections.ConfigDict) -> float:
+  """The temperature the samples were drawn at; 1 for greedy sampling (temperature 0)."""
   return c.sampling.temperature if c.sampling.temperature > 0 else 1.0
 
 
@@ -328,7 +335,7 @@ def _check_updates(c: ml_collections.ConfigDict) -> None:
   if temp is not None and (isinstance(temp, bool) or not math.isfinite(temp) or not temp > 0):
     raise ValueError(f"config.train.learner_temperature={temp!r}; expected a finite number > 0 "
                      "or None (the sampling temperature)")
-  sampling = c.sampling.temperature if c.sampling.temperature > 0 else 1.0
+  sampling = _sampling_temperature(c)
   if (c.loss.policy_loss == "ppo" and not t.recompute_old_logp
       and learner_temperature(c) != sampling):
     raise ValueError(f"config.train.learner_temperature={temp} differs from the sampling "

@@ -24,10 +24,20 @@ def check(c: ml_collections.ConfigDict, workdir: str) -> config_lib.Built:
   config. Raises UserInputError naming the bad value."""
   built = config_lib.build(c)
   config_lib.mesh_shape(tuple(c.train.mesh), jax.device_count())
+  procs = jax.process_count()
+  if dynamic_sampling(c, built) and procs > 1:
+    raise UserInputError(f"DAPO dynamic sampling (config.rollout.max_refills="
+                         f"{c.rollout.max_refills} with algo.filter='zero_variance') runs on one "
+                         f"process only, got {procs}; set config.rollout.max_refills=0")
   check_workdir(workdir)
   # Problem 0 reads (and caches) every local dataset the env kwargs name.
   registry.problem_kwargs(c.env.name, c.env.workflow, c.env.max_turns, 0, c.env.kwargs.to_dict())
   return built
+
+
+def dynamic_sampling(c: ml_collections.ConfigDict, built: config_lib.Built) -> bool:
+  """Whether the run refills its rollouts (DAPO dynamic sampling, `training/refill.py`)."""
+  return built.advantage.filter == "zero_variance" and c.rollout.max_refills > 0
 
 
 def check_workdir(workdir: str | os.PathLike[str]) -> None:

@@ -24,6 +24,8 @@ from marl_jax.workflows.rollout import RolloutResult, Sample
 
 
 def _group_key(s: Sample, group_by: str) -> tuple[int, ...]:
+  """The estimator group of `s`; mirrors `algos.batch.group_ids` (the device's grouping rule),
+  keyed by the problem first."""
   if group_by == "problem":
     return (s.problem_id,)
   if group_by == "problem_agent":
@@ -39,16 +41,16 @@ def qualifying_problems(samples: Sequence[Sample], group_by: str, alpha: float) 
   return sorted({key[0] for key, values in rewards.items() if len(values) > 1})
 
 
-def select(results: Sequence[RolloutResult], count: int, group_by: str, alpha: float,
+def select(results: Sequence[RolloutResult], qualifying: Sequence[Sequence[int]], count: int,
            trajs_per_problem: int) -> tuple[list[Sample], dict[str, float]]:
   """The samples of the first `count` qualifying problems over `results` (tries in seed order,
   each numbering its problems from 0), renumbered 0..kept-1, and the refill metrics.
+  `qualifying[t]`: `qualifying_problems` of `results[t]` (the trainer computes it once per try).
 
   Fewer than `count` qualify (the try cap was hit): all qualifying ones are kept; none: the first
   try's problems are kept as they are (the device filter then drops every group; the metrics
   say so)."""
-  found = [(t, p) for t, r in enumerate(results)
-           for p in qualifying_problems(r.samples, group_by, alpha)]
+  found = [(t, p) for t, ids in enumerate(qualifying) for p in ids]
   kept = found[:count] or [(0, p) for p in sorted({s.problem_id for s in results[0].samples})]
   new_id = {key: i for i, key in enumerate(kept)}
   out: list[Sample] = []

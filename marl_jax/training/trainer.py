@@ -40,6 +40,7 @@ import numpy as np
 from absl import logging
 
 from marl_jax.algos.batch import BatchShape
+from marl_jax.errors import UserInputError
 from marl_jax.models import loading
 from marl_jax.models.tokenizer import Tokenizer
 from marl_jax.parallel import distributed, layouts, minibatch, multihost, policies
@@ -138,8 +139,7 @@ class Run:
     sandbox.require_isolation(c.rollout.allow_unsandboxed)  # refuses or warns before the model
     self.c, self.workdir = c, workdir
     self.is_main = jax.process_index() == 0
-    self.spec = registry.workflow_spec(c.env.name, c.env.workflow, c.env.max_turns,
-                                       c.policy.per_role)
+    self.spec = built.spec
     self.policy, base, self.tokenizers = load_team(c, self.spec, built)
     shape = config_lib.mesh_shape(tuple(c.train.mesh), jax.device_count())
     self.mesh = mesh_lib.make_mesh(*shape)
@@ -147,14 +147,10 @@ class Run:
     procs = jax.process_count()
     shards = mesh_lib.batch_shards(self.mesh) * c.train.micro_batches
     if shards % procs or c.rollout.problems_per_step < procs:
-      raise ValueError(f"{procs} processes need config.rollout.problems_per_step >= {procs} "
-                       f"(got {c.rollout.problems_per_step}) and data x fsdp x micro_batches "
-                       f"divisible by {procs} (got {shards})")
-    self.dynamic = built.advantage.filter == "zero_variance" and c.rollout.max_refills > 0
-    if self.dynamic and procs > 1:
-      raise ValueError(f"DAPO dynamic sampling (config.rollout.max_refills="
-                       f"{c.rollout.max_refills} with algo.filter='zero_variance') runs on one "
-                       f"process only, got {procs}; set config.rollout.max_refills=0")
+      raise UserInputError(f"{procs} processes need config.rollout.problems_per_step >= "
+                           f"{procs} (got {c.rollout.problems_per_step}) and data x fsdp x "
+                           f"micro_batches divisible by {procs} (got {shards})")
+    self.dynamic = preflight.dynamic_sampling(c, built)  # one process only: preflight checked
     self.advantage = built.advantage.resolved()
     trajs, branching = id_layout(c.rollout.mode, c.rollout.k, self.spec.max_turns)
     self.shape = BatchShape(
@@ -169,7 +165,6 @@ class Run:
         mini_batch_size=c.train.mini_batch_size, epochs=c.train.epochs,
         recompute_old_logp=c.train.recompute_old_logp, tis_cap=c.train.tis_cap)
     self.fns = make_train_step(self.train_cfg, self.mesh)
-    self.select_rows = jax.jit(minibatch.select_rows, static_argnums=0)
     self.run_key = jax.random.key(c.seed)
     trainable, frozen = policies.init_params(self.policy, jax.random.fold_in(self.run_key, 1),
                                              base=base)
@@ -236,7 +231,7 @@ class Run:
       shuffle = np.random.default_rng(np.asarray(jax.random.key_data(
           jax.random.fold_in(jax.random.fold_in(self.run_key, 3), step))))
       self.state, metrics = minibatch.ppo_updates(self.fns, self.train_cfg, self.state,
-                                                  self.frozen, batch, shuffle, self.select_rows)
+                                                  self.frozen, batch, shuffle)
     else:
       self.state, metrics = self.fns.step(self.state, self.frozen, batch)
     out = _scalars(metrics, self.spec.agents)
@@ -252,7 +247,7 @@ class Run:
     seeds until that many problems qualify or `rollout.max_refills` extra rollouts are spent
     (`refill.select` keeps the first qualifying ones). Each rollout advances the data position."""
     c, n = self.c, self.c.rollout.problems_per_step
-    results = []
+    results, qualifying = [], []  # qualifying[t]: the qualifying problem ids of results[t]
     while True:
       results.append(rollout(problems(c, self.next_seed, n, multihost.process_slice(n)),
                              self.spec, self.train_policy.generate, self.params,
@@ -260,12 +255,11 @@ class Run:
       self.next_seed += n
       if not self.dynamic:
         return results[0].samples, results[0], {}
-      found = sum(len(refill.qualifying_problems(r.samples, self.advantage.group_by,
-                                                 self.advantage.alpha)) for r in results)
-      if found >= n or len(results) > c.rollout.max_refills:
+      qualifying.append(refill.qualifying_problems(results[-1].samples, self.advantage.group_by,
+                                                   self.advantage.alpha))
+      if sum(map(len, qualifying)) >= n or len(results) > c.rollout.max_refills:
         break
-    samples, metrics = refill.select(results, n, self.advantage.group_by, self.advantage.alpha,
-                                     self.shape.trajs_per_problem)
+    samples, metrics = refill.select(results, qualifying, n, self.shape.trajs_per_problem)
     if metrics["rollout/refill_cap_hit"]:
       logging.warning("dynamic sampling: %d of %d problems qualify after %d rollouts "
                       "(rollout.max_refills=%d); training on those",

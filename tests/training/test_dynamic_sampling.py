@@ -179,7 +179,8 @@ def test_select_renumbers_problems_trajectories_and_parents():
   results = [RolloutResult(try0, []), RolloutResult(try1, [])]
   assert refill.qualifying_problems(try0, "problem_turn_agent", 0.0) == [1]
   assert refill.qualifying_problems(try0, "problem", 0.0) == [1]
-  samples, metrics = refill.select(results, 2, "problem_turn_agent", 0.0, trajs_per_problem=1)
+  qualifying = [refill.qualifying_problems(r.samples, "problem_turn_agent", 0.0) for r in results]
+  samples, metrics = refill.select(results, qualifying, 2, trajs_per_problem=1)
   assert [(s.problem_id, s.traj_id, s.turn, s.reward, s.parent) for s in samples] == [
       (0, 0, 0, 0.0, -1), (0, 0, 0, 0.0, -1), (0, 0, 1, 0.0, 0), (0, 0, 1, 1.0, 0),
       (1, 1, 0, 0.0, -1), (1, 1, 0, 0.5, -1)]

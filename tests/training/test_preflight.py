@@ -99,3 +99,35 @@ def test_check_reads_the_datasets_before_loading(tmp_path):
     preflight.check(c, str(tmp_path / "run"))
   (tmp_path / "rows.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
   assert preflight.check(c, str(tmp_path / "run")).advantage.estimator == "at_grpo"
+
+
+def test_dynamic_sampling_needs_one_process(tmp_path, monkeypatch):
+  """DAPO refills run on one process: refused before loading when two processes share the run."""
+  c = config_lib.base_config()
+  c.algo.filter, c.rollout.max_refills = "zero_variance", 2
+  preflight.check(c, str(tmp_path / "one"))
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  with pytest.raises(UserInputError, match=r"config.rollout.max_refills=2 with "
+                     r"algo.filter='zero_variance'\) runs on one process only, got 2"):
+    preflight.check(c, str(tmp_path / "two"))
+  c.rollout.max_refills = 0
+  preflight.check(c, str(tmp_path / "three"))
+
+
+@pytest.mark.parametrize("estimator, group_by, refused", [
+    ("at_grpo", None, True),  # its default grouping is (problem, turn, agent)
+    ("grpo", None, False),  # grouped by problem: k=1 still has the problem's other turns/agents
+    ("grpo", "problem_turn_agent", True),
+    ("at_grpo", "problem", False),
+])
+def test_one_sample_per_turn_group_follows_the_resolved_grouping(estimator, group_by, refused):
+  c = config_lib.base_config()
+  c.rollout.k, c.algo.estimator = 1, estimator
+  with c.unlocked():
+    c.algo.group_by = group_by
+  if refused:
+    with pytest.raises(UserInputError, match=r"config.rollout.k=1 puts one sample in every "
+                       rf"\(problem, turn, agent\) group of estimator '{estimator}'"):
+      config_lib.build(c)
+  else:
+    config_lib.build(c)
