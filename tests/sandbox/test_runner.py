@@ -11,7 +11,6 @@ import logging
 import os
 import pathlib
 import select
-import shutil
 import socket
 import time
 import uuid

@@ -226,8 +226,8 @@ def test_coder_reply_is_read_up_to_max_reply_chars():
   inside = " " * (MAX_REPLY_CHARS - len(solution)) + solution
   past = " " + inside  # the closing fence now lies past the cut: the block runs to the cut
   beyond = " " * MAX_REPLY_CHARS + solution  # the fence starts past the cut: no code
-  for reply, reward, code in [(inside, 1.0, True), (past, 0.0, True), (beyond, 0.0, False),
-                              (None, 0.0, False)]:
+  for reply, reward, has_code in [(inside, 1.0, True), (past, 0.0, True), (beyond, 0.0, False),
+                                  (None, 0.0, False)]:
     env = CodeEnv(SQUARES, workflow="single", limits=FAST)
     result = env.step("coder", reply)
-    assert result.rewards == {"coder": reward} and result.info["format_error"] == (not code)
+    assert result.rewards == {"coder": reward} and result.info["format_error"] == (not has_code)
