@@ -50,6 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--rounds", type=int, default=1,
                  help="run the modes this many times, alternating (for a noisy machine)")
   p.add_argument("--random", action="store_true", help="random params instead of the GGUF")
+  p.add_argument("--logits_chunk", type=int, default=None,
+                 help="JAX modes: response positions per LM-head slice (TrainConfig)")
   p.add_argument("--worker", choices=MODES + EXTRA_MODES, help=argparse.SUPPRESS)
   p.add_argument("--data", help=argparse.SUPPRESS)
   return p.parse_args(argv)
@@ -150,7 +152,8 @@ def jax_worker(mode: str, args: argparse.Namespace) -> dict:
   space = GroupSpace(num_problems=int(b["problem_id"].max()) + 1, num_agents=2)
   cfg = TrainConfig(policy=pcfg, advantage=AdvantageConfig("grpo"), space=space,
                     loss=LossConfig(clip_low=CLIP, clip_high=CLIP, dual_clip=DUAL_CLIP),
-                    with_entropy=False, remat=mode.endswith("_remat"))
+                    with_entropy=False, remat=mode.endswith("_remat"),
+                    logits_chunk=args.logits_chunk)
   fns = make_train_step(cfg, make_mesh(devices=jax.devices()[:1]))
   trainable, frozen = policies.init_params(pcfg, jax.random.key(0), base=params)
   trainable, frozen = fns.shard_params(trainable, frozen)
@@ -303,6 +306,7 @@ def main() -> None:
   tokens = args.batch * (args.prompt + args.response)
   out = {"batch": args.batch, "prompt": args.prompt, "response": args.response,
          "tokens_per_step": tokens, "timed_steps": args.steps, "rounds": args.rounds,
+         "logits_chunk": args.logits_chunk,
          "cpus": len(os.sched_getaffinity(0)),
          "load_avg_before": [round(x, 2) for x in os.getloadavg()]}
   runs: dict[str, list[dict]] = {m: [] for m in modes}
@@ -312,6 +316,8 @@ def main() -> None:
       for mode in modes:
         cmd = [sys.executable, "-m", "experiments.bench_train_step", "--worker", mode, "--data",
                tmp, "--steps", str(args.steps)]
+        if args.logits_chunk is not None:
+          cmd += ["--logits_chunk", str(args.logits_chunk)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
         if proc.returncode or not lines:

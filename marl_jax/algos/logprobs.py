@@ -46,10 +46,34 @@ def response_hidden(
 
 
 def token_logprobs_from_hidden(params: Params, config: ModelConfig, hidden: jax.Array,
-                               response: jax.Array, temperature: float, with_entropy: bool
-                               ) -> tuple[jax.Array, jax.Array | None]:
-  """log_softmax(logits / temperature) at the response tokens [n, R], and the entropies."""
-  logits = decoder.lm_logits(params, hidden, config) / temperature  # [n, R, V]
+                               response: jax.Array, temperature: float, with_entropy: bool,
+                               chunk: int | None = None) -> tuple[jax.Array, jax.Array | None]:
+  """log_softmax(logits / temperature) at the response tokens [n, R], and the entropies.
+
+  `chunk`: response positions per LM-head slice. The [n, R, V] fp32 logits are then never whole:
+  a scan computes one [n, chunk, V] slice at a time and the backward pass recomputes each slice
+  (jax.checkpoint), so the logits' memory falls from n * R * V floats (and their softmax and
+  gradient) to n * chunk * V. None: one slice.
+  """
+  R = response.shape[1]
+  if chunk is None or chunk >= R:
+    return _slice_logprobs(params, config, hidden, response, temperature, with_entropy)
+  n, _, D = hidden.shape
+  num = -(-R // chunk)
+  pad = num * chunk - R
+  h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(n, num, chunk, D).swapaxes(0, 1)
+  tok = jnp.pad(response, ((0, 0), (0, pad))).reshape(n, num, chunk).swapaxes(0, 1)
+  one = jax.checkpoint(lambda p, h_c, tok_c: _slice_logprobs(p, config, h_c, tok_c, temperature,
+                                                             with_entropy))
+  _, (logp, ent) = jax.lax.scan(lambda _, xs: (None, one(params, *xs)), None, (h, tok))
+  whole = lambda x: x.swapaxes(0, 1).reshape(n, num * chunk)[:, :R]  # [num, n, chunk] -> [n, R]
+  return whole(logp), None if ent is None else whole(ent)
+
+
+def _slice_logprobs(params: Params, config: ModelConfig, hidden: jax.Array, response: jax.Array,
+                    temperature: float, with_entropy: bool) -> tuple[jax.Array, jax.Array | None]:
+  """hidden [n, c, D], response [n, c] -> log-probs [n, c] and entropies [n, c] (or None)."""
+  logits = decoder.lm_logits(params, hidden, config) / temperature  # [n, c, V]
   lse = jax.nn.logsumexp(logits, axis=-1)
   logp = jnp.take_along_axis(logits, response[..., None], axis=-1)[..., 0] - lse
   if not with_entropy:

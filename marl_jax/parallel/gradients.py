@@ -144,7 +144,8 @@ def rollout_targets(cfg: TrainConfig, params, frozen, specs, batch
   is_weight = None
   if cfg.recompute_old_logp:
     logp = split_micro_map(cfg, lambda b: policies.token_logprobs(
-        cfg.policy, params, frozen, specs, b, temperature=cfg.temperature)[0], batch)
+        cfg.policy, params, frozen, specs, b, temperature=cfg.temperature,
+        logits_chunk=cfg.logits_chunk)[0], batch)
     if cfg.tis_cap is not None:
       is_weight = jnp.where(samples.token_mask, losses.tis_weight(
           layout.flatten(cfg.policy, logp), flat_field(cfg, batch, "old_logp"), cfg.tis_cap,
@@ -223,7 +224,8 @@ def micro_batch_loss(cfg: TrainConfig, params, frozen, specs, mb, dens):
   b, adv_mb, tmask_mb, returns_mb, is_weight_mb = mb
   logp, ent = policies.token_logprobs(cfg.policy, params, frozen, specs, b,
                                       temperature=cfg.temperature,
-                                      with_entropy=cfg.with_entropy, remat=cfg.remat)
+                                      with_entropy=cfg.with_entropy, remat=cfg.remat,
+                                      logits_chunk=cfg.logits_chunk)
   terms, metrics = segment_terms(
       cfg, flat(logp), flat_field(cfg, b, "old_logp"), flat(adv_mb), flat(tmask_mb),
       flat_field(cfg, b, "ref_logp"), None if ent is None else flat(ent),

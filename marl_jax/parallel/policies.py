@@ -146,25 +146,26 @@ def _one_model(params, model_specs, config, batch, adapters, remat: bool):
 
 def token_logprobs(cfg: PolicyConfig, trainable: Params, frozen: Params, specs: tuple[Any, Any],
                    batch: Any, *, temperature: float, with_entropy: bool = False,
-                   remat: bool = False) -> tuple[Any, Any]:
+                   remat: bool = False, logits_chunk: int | None = None) -> tuple[Any, Any]:
   """Log-probs (and entropies) of every policy's response tokens, in the batch's own layout.
 
   Runs inside shard_map on local shards (or outside it with unsharded specs): leaves outside the
   layer stack are all-gathered here and each layer inside the scan. `batch` has `prompt`,
   `prompt_mask`, `response` and `samples.policy_id` (a dict of such for "mapped").
+  `logits_chunk`: response positions per LM-head slice (`logprobs.token_logprobs_from_hidden`).
   """
 
   def run(params, model_specs, config, b, adapters):
     params, hidden = _one_model(params, model_specs, config, b, adapters, remat)
     return logprobs.token_logprobs_from_hidden(params, config, hidden, b.response, temperature,
-                                               with_entropy)
+                                               with_entropy, logits_chunk)
 
   return of(cfg).token_logprobs(cfg, run, trainable["policy"], frozen,
                                 (specs[0]["policy"], specs[1]), batch)
 
 
 def reference_logprobs(cfg: PolicyConfig, reference: Any, frozen: Params, specs: tuple[Any, Any],
-                       batch: Any, *, temperature: float) -> Any:
+                       batch: Any, *, temperature: float, logits_chunk: int | None = None) -> Any:
   """Log-probs of the response tokens under the frozen KL reference, in the batch's layout.
 
   LoRA: the base without adapters (no extra params). Full models: `reference['policy']`, a frozen
@@ -173,9 +174,11 @@ def reference_logprobs(cfg: PolicyConfig, reference: Any, frozen: Params, specs:
   if of(cfg).adapters:
     base, hidden = _one_model(frozen["base"], specs[1]["base"], cfg.models[0], batch, None, False)
     logp, _ = logprobs.token_logprobs_from_hidden(base, cfg.models[0], hidden,
-                                                  batch.response, temperature, False)
+                                                  batch.response, temperature, False,
+                                                  logits_chunk)
     return logp
-  logp, _ = token_logprobs(cfg, reference, frozen, specs, batch, temperature=temperature)
+  logp, _ = token_logprobs(cfg, reference, frozen, specs, batch, temperature=temperature,
+                           logits_chunk=logits_chunk)
   return logp
 
 

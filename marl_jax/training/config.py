@@ -101,8 +101,10 @@ def base_config() -> ml_collections.ConfigDict:
   # replace the sampler's before the first update (verl's default); tis_cap: truncated IS weight
   # min(exp(learner - sampler log-prob), cap) per token (needs recompute_old_logp), None = off.
   # learner_temperature: the loss's log-probs are log_softmax(logits / T); None = the sampling
-  # temperature (1 when sampling greedily).
+  # temperature (1 when sampling greedily). logits_chunk: response positions per LM-head slice in
+  # the learner's forwards (the [B, R, V] logits never exist whole), None = whole.
   c.train = ml_collections.ConfigDict(dict(steps=200, micro_batches=1, remat=False,
+                                           logits_chunk=config_dict.placeholder(int),
                                            mesh=(-1, 1, 1), eval_only=False,
                                            target_kl=config_dict.placeholder(float),
                                            mini_batch_size=config_dict.placeholder(int),
@@ -316,11 +318,14 @@ def _sampling_temperature(c: ml_collections.ConfigDict) -> float:
 
 
 def _check_updates(c: ml_collections.ConfigDict) -> None:
-  """Mini-batches, epochs, old log-probs, TIS and the learner temperature (one line each)."""
+  """Mini-batches, logit slices, epochs, old log-probs, TIS and the learner temperature (one line
+  each)."""
   t = c.train
+  for name in ("mini_batch_size", "logits_chunk"):
+    size = t[name]
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+      raise ValueError(f"config.train.{name}={size!r}; expected an integer >= 1 or None")
   size = t.mini_batch_size
-  if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
-    raise ValueError(f"config.train.mini_batch_size={size!r}; expected an integer >= 1 or None")
   if c.loss.policy_loss == "reinforce" and (t.epochs > 1 or size is not None):
     raise ValueError(f"config.loss.policy_loss='reinforce' is on-policy (one update per "
                      f"rollout); got config.train.epochs={t.epochs}, mini_batch_size={size}, "

@@ -161,7 +161,7 @@ class Run:
         policy=self.policy, advantage=built.advantage, loss=built.loss, space=self.shape.space,
         agent_policies=tuple(self.spec.policy_id(a) for a in self.spec.agents),
         temperature=config_lib.learner_temperature(c), micro_batches=c.train.micro_batches,
-        remat=c.train.remat, target_kl=c.train.target_kl,
+        remat=c.train.remat, logits_chunk=c.train.logits_chunk, target_kl=c.train.target_kl,
         mini_batch_size=c.train.mini_batch_size, epochs=c.train.epochs,
         recompute_old_logp=c.train.recompute_old_logp, tis_cap=c.train.tis_cap)
     self.fns = make_train_step(self.train_cfg, self.mesh)

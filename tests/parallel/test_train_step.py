@@ -150,11 +150,12 @@ init_params = jax.jit(policies.init_params, static_argnums=0, compiler_options=F
 
 
 def build(kind="shared", P=1, mesh_shape=(1, 1, 1), micro_batches=1, estimator="grpo",
-          agent_grad_norms=False, **policy_kw):
+          agent_grad_norms=False, logits_chunk=None, **policy_kw):
   policy = policies.PolicyConfig(kind=kind, models=(MODEL,) * (P if kind == "mapped" else 1),
                                  num_policies=P, optim=(OPTIM,), **policy_kw)
   cfg = TrainConfig(policy=policy, advantage=AdvantageConfig(estimator), loss=LossConfig(),
-                    space=SPACE, micro_batches=micro_batches, agent_grad_norms=agent_grad_norms)
+                    space=SPACE, micro_batches=micro_batches, agent_grad_norms=agent_grad_norms,
+                    logits_chunk=logits_chunk)
   devices = jax.devices()[:int(np.prod(mesh_shape))]
   fns = make_train_step(cfg, make_mesh(*mesh_shape, devices=devices),
                         optimizer=recording(policies.make_optimizer(policy)),
@@ -197,11 +198,14 @@ def test_one_device_matches_reference(shared_setup):
   assert s["metrics"]["grad_norm"] > 1.0
 
 
-@pytest.mark.parametrize("mesh_shape, micro_batches", [
-    ((8, 1, 1), 1), ((2, 4, 1), 2), ((1, 8, 1), 1), ((1, 1, 1), 4)])
-def test_meshes_and_micro_batches_match_one_device(shared_setup, mesh_shape, micro_batches):
+@pytest.mark.parametrize("mesh_shape, micro_batches, logits_chunk", [
+    ((8, 1, 1), 1, None), ((2, 4, 1), 2, None), ((1, 8, 1), 1, None), ((1, 1, 1), 4, None),
+    ((1, 1, 1), 1, 3), ((2, 4, 1), 2, 1)])  # LM head in slices of 3 (R = 4: ragged) and 1
+def test_meshes_and_micro_batches_match_one_device(shared_setup, mesh_shape, micro_batches,
+                                                   logits_chunk):
   s = shared_setup
-  _, fns = build(mesh_shape=mesh_shape, micro_batches=micro_batches, agent_grad_norms=True)
+  _, fns = build(mesh_shape=mesh_shape, micro_batches=micro_batches, agent_grad_norms=True,
+                 logits_chunk=logits_chunk)
   grads, state, metrics = run_step(fns, s["trainable"], {}, s["batch"])
   np.testing.assert_allclose(metrics["loss"], s["metrics"]["loss"], rtol=1e-5)
   np.testing.assert_allclose(metrics["agent/grad_norm"], s["metrics"]["agent/grad_norm"],

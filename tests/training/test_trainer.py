@@ -91,6 +91,7 @@ def test_end_to_end_outputs(model_dir, tmp_path):
     ("eval.top_p", 1.5, r"config.eval.top_p=1.5; expected a number in \(0, 1\]"),
     ("train.epochs", 0, "config.train.epochs=0; expected an integer >= 1"),
     ("train.mini_batch_size", 0, "config.train.mini_batch_size=0; expected an integer >= 1"),
+    ("train.logits_chunk", 0, "config.train.logits_chunk=0; expected an integer >= 1 or None"),
     ("train.tis_cap", 2.0, "config.train.tis_cap=2.0 needs .*recompute_old_logp=True"),
     ("train.learner_temperature", 0.0, "config.train.learner_temperature=0.0; expected a finite"),
     ("train.learner_temperature", 0.5, "differs from the sampling temperature 1.0"),
