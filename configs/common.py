@@ -54,11 +54,14 @@ def apply_team(c: ml_collections.ConfigDict, models: str, hetero: tuple[str, ...
 
 
 def data_fields(c: ml_collections.ConfigDict, **fields: str | None) -> None:
-  """Declares env kwargs that point at local data. The trainer's config is locked, so a field the
-  command line sets (`--config.env.kwargs.path=train.jsonl`) must exist; None makes an unset
-  string placeholder, which the workflow registry ignores (generated problems are used)."""
+  """Declares env kwargs that point at local data, for training and (unset: as in training) for
+  evaluation. The trainer's config is locked, so a field the command line sets
+  (`--config.env.kwargs.path=train.jsonl`, `--config.eval.env_kwargs.path=test.jsonl`) must
+  exist; None makes an unset string placeholder, which the workflow registry ignores (generated
+  problems are used)."""
   for name, default in fields.items():
     c.env.kwargs[name] = config_dict.placeholder(str) if default is None else default
+    c.eval.env_kwargs[name] = config_dict.placeholder(str)
 
 
 CPU_MAX_NEW_TOKENS = 48

@@ -111,10 +111,15 @@ def base_config() -> ml_collections.ConfigDict:
                                            epochs=1, recompute_old_logp=False,
                                            tis_cap=config_dict.placeholder(float),
                                            learner_temperature=config_dict.placeholder(float)))
-  # eval.top_p: nucleus of evaluation sampling; None = sampling.top_p.
+  # eval.top_p: nucleus of evaluation sampling; None = sampling.top_p. eval.env_kwargs: env
+  # kwargs of evaluation only, set over env.kwargs (a test split: `--config.eval.env_kwargs.path=
+  # test.jsonl`; configs declare the fields with `configs.common.data_fields`). Evaluation problem
+  # i has seed seed_offset + i, so on a local dataset of R rows it reads row (seed_offset + i) % R:
+  # num_problems = R evaluates every row once.
   c.eval = ml_collections.ConfigDict(dict(every=10, num_problems=100, seed_offset=1_000_000,
                                           k=1, temperature=0.0, at_start=True,
-                                          top_p=config_dict.placeholder(float)))
+                                          top_p=config_dict.placeholder(float),
+                                          env_kwargs=ml_collections.ConfigDict()))
   c.checkpoint = checkpoint.default_config()  # every_steps, max_to_keep, async_save
   c.logging = metrics.default_config()  # wandb mode/project, jsonl, console
   c.logging.progress = True
@@ -230,6 +235,10 @@ def build(c: ml_collections.ConfigDict) -> Built:
   _check_team(c, spec)
   advantage = _dataclass(AdvantageConfig, c.algo, "algo")
   _check_rollout(c, spec, advantage)
+  unknown = sorted(set(c.eval.env_kwargs) - set(c.env.kwargs))
+  if unknown:
+    raise ValueError(f"config.eval.env_kwargs sets {unknown}, which config.env.kwargs does not "
+                     f"declare; expected a subset of {sorted(c.env.kwargs)}")
   mesh = tuple(c.train.mesh)
   sizes_ok = all(isinstance(s, int) and not isinstance(s, bool) and (s >= 1 or s == -1)
                  for s in mesh)
@@ -302,6 +311,15 @@ def _check_rollout(c: ml_collections.ConfigDict, spec: WorkflowSpec,
       and algo.estimator in ("grpo", "at_grpo", "dr_grpo", "rloo")):
     raise ValueError(f"config.rollout.k={k} puts one sample in every (problem, turn, agent) group "
                      f"of estimator {algo.estimator!r}, so every advantage is 0; expected k >= 2")
+
+
+def env_kwargs(c: ml_collections.ConfigDict, for_eval: bool = False) -> dict[str, Any]:
+  """The make_env kwargs the config gives every problem: config.env.kwargs, and for evaluation
+  with config.eval.env_kwargs's set values (not None) over them."""
+  kwargs = c.env.kwargs.to_dict()
+  if for_eval:
+    kwargs.update({k: v for k, v in c.eval.env_kwargs.to_dict().items() if v is not None})
+  return kwargs
 
 
 def learner_temperature(c: ml_collections.ConfigDict) -> float:

@@ -30,8 +30,10 @@ def check(c: ml_collections.ConfigDict, workdir: str) -> config_lib.Built:
                          f"{c.rollout.max_refills} with algo.filter='zero_variance') runs on one "
                          f"process only, got {procs}; set config.rollout.max_refills=0")
   check_workdir(workdir)
-  # Problem 0 reads (and caches) every local dataset the env kwargs name.
-  registry.problem_kwargs(c.env.name, c.env.workflow, c.env.max_turns, 0, c.env.kwargs.to_dict())
+  # Problem 0 reads (and caches) every local dataset the env kwargs name, evaluation's too.
+  for for_eval in (False, True):
+    registry.problem_kwargs(c.env.name, c.env.workflow, c.env.max_turns, 0,
+                            config_lib.env_kwargs(c, for_eval))
   return built
 
 

@@ -60,11 +60,12 @@ from marl_jax.workflows.spec import WorkflowSpec
 
 
 def problems(c: ml_collections.ConfigDict, first_seed: int, count: int,
-             ids: range | None = None) -> list[Problem]:
+             ids: range | None = None, for_eval: bool = False) -> list[Problem]:
   """Problems `ids` (default: all) of `count` from consecutive seeds; problem i has seed
   `first_seed + i` and id i, so a process's slice keeps the global dense ids. Env kwargs that
-  name a local dataset turn seed s into row `s % rows` (`registry.problem_kwargs`)."""
-  extra = c.env.kwargs.to_dict()
+  name a local dataset turn seed s into row `s % rows` (`registry.problem_kwargs`); evaluation's
+  kwargs can name their own split (`config_lib.env_kwargs`)."""
+  extra = config_lib.env_kwargs(c, for_eval)
   return [Problem(c.env.name, registry.problem_kwargs(c.env.name, c.env.workflow, c.env.max_turns,
                                                       first_seed + i, extra), i)
           for i in (range(count) if ids is None else ids)]
@@ -209,7 +210,8 @@ class Run:
       os.remove(trace_path)
       os.remove(trace_path + ".content.jsonl")
     n = c.eval.num_problems
-    metrics = evaluation.evaluate(problems(c, c.eval.seed_offset, n, multihost.process_slice(n)),
+    metrics = evaluation.evaluate(problems(c, c.eval.seed_offset, n, multihost.process_slice(n),
+                                           for_eval=True),
                                   self.spec,
                                   self.eval_policy.generate, self.params, k=c.eval.k,
                                   rollout_cfg=self.rollout_cfg, trace_path=trace_path)

@@ -274,6 +274,28 @@ def test_local_datasets_map_seeds_to_rows(tmp_path):
       "What is 1 + 1?", "What is 2 + 1?"]
 
 
+def test_evaluation_reads_its_own_split(tmp_path):
+  """eval.env_kwargs names a test file: evaluation reads its rows, training keeps its own, and
+  an unset eval field (fmt) follows training's."""
+  train = _jsonl(tmp_path / "train.jsonl", [{"problem": f"What is {i} + 1?", "answer": str(i + 1)}
+                                            for i in range(3)])
+  test = _jsonl(tmp_path / "test.jsonl", [{"problem": f"What is {i} * 2?", "answer": str(2 * i)}
+                                          for i in range(4)])
+  c = importlib.import_module("configs.drmas_math").get_config("cpu")
+  c.env.kwargs.path, c.env.kwargs.fmt, c.eval.env_kwargs.path = train, "plain", test
+  question = lambda p: registry.make_env("math", **p.kwargs).problem.question
+  assert [question(p) for p in trainer.problems(c, 0, 2)] == ["What is 0 + 1?", "What is 1 + 1?"]
+  # Evaluation problem i reads row (seed_offset + i) % 4 of the test file: 1e6 % 4 == 0.
+  evaluated = trainer.problems(c, c.eval.seed_offset, 4, for_eval=True)
+  assert [question(p) for p in evaluated] == [f"What is {i} * 2?" for i in range(4)]
+  assert all(p.kwargs["fmt"] == "plain" for p in evaluated)
+  with c.unlocked():
+    c.eval.env_kwargs.corpus_path = "x.jsonl"
+  with pytest.raises(ValueError, match=r"config.eval.env_kwargs sets \['corpus_path'\], which "
+                                       r"config.env.kwargs does not declare"):
+    config_lib.build(c)
+
+
 def test_generated_writing_documents_have_the_requested_length():
   short = registry.make_env("writing", seed=3, sentences=2).document
   assert short == writing_data.generated_document(3, 2) and short.count(". ") == 1

@@ -99,6 +99,11 @@ def test_check_reads_the_datasets_before_loading(tmp_path):
     preflight.check(c, str(tmp_path / "run"))
   (tmp_path / "rows.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
   assert preflight.check(c, str(tmp_path / "run")).advantage.estimator == "at_grpo"
+  with c.unlocked():  # evaluation's own split is read before loading too
+    c.eval.env_kwargs.path = str(tmp_path / "test.jsonl")
+  (tmp_path / "test.jsonl").write_text('{"question": "2+2", "answer": "4"}\n{oops\n')
+  with pytest.raises(UserInputError, match=r"test.jsonl:2: not valid JSON"):
+    preflight.check(c, str(tmp_path / "run"))
 
 
 def test_dynamic_sampling_needs_one_process(tmp_path, monkeypatch):
