@@ -4,11 +4,13 @@ A reply is anything a policy can emit, so each target must return (a score, a pa
 every string: no exception, no call over `--hang_s`, bounded memory. Targets: the game action
 parsers and game env steps, the math answer checker, the code env (coder and tester steps, the
 tests parser), MAGRPO (function finder and the aux/main reward), the writing reward, and the search
-tag/route parsing and env step. Steps that run sandboxed programs cost a process each, so they get
-`--sandboxed` replies instead of `--replies`, and count as hung only past their programs' own time
-limits (two harness runs of `_FAST` plus a second) rather than `--hang_s`.
+tag/route parsing and env step. Steps that run sandboxed programs start processes (about 30 ms a
+reply on 2 cores: most replies hold no runnable code), so their count is its own flag,
+`--sandboxed`, and they count as hung only past their programs' own time limits (two harness runs
+of `_FAST` plus a second) rather than `--hang_s`: a reply whose program loops forever takes its
+0.5 s case limit per test by design.
 
-  python -m experiments.fuzz_envs --replies=10000 --sandboxed=300 --out=fuzz.json
+  python -m experiments.fuzz_envs --replies=10000 --sandboxed=10000 --out=fuzz.json  # ~16 min
 
 Prints (and writes) JSON: per target the calls, exceptions (type, message, reply prefix, first
 few), hangs, slowest call and peak traced memory (tracemalloc, MiB).
@@ -181,7 +183,7 @@ def fuzz(name: str, call: Callable[[str], Any], count: int, seed: int,
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--replies", type=int, default=10_000, help="per in-process target")
-  parser.add_argument("--sandboxed", type=int, default=300, help="per sandboxed target")
+  parser.add_argument("--sandboxed", type=int, default=10_000, help="per sandboxed target")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--hang_s", type=float, default=1.0)
   parser.add_argument("--only", default="", help="comma-separated target name prefixes")
