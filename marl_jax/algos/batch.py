@@ -246,6 +246,11 @@ class TrainBatch:
 
   Flat here; a policy layout may stack blocks ([P, N/P, ...] leaves) or key them by policy name
   (`parallel/layouts.py`). `samples.token_mask` is [N, R] over the response tokens.
+
+  `num_prompts` (static: part of the tree's structure, so a new value compiles a new step): an
+  upper bound on the distinct (prompt, policy) rows of any block, and so of any subset of its
+  rows (a device's shard, a micro-batch, a mini-batch). Given, the learner computes each distinct
+  prompt once (`algos/logprobs.response_hidden`); None: every row computes its own.
   """
   prompt: jax.Array  # [N, Tp] int32, left-padded
   prompt_mask: jax.Array  # [N, Tp] bool, False on padding
@@ -253,6 +258,7 @@ class TrainBatch:
   old_logp: jax.Array  # [N, R] f32 behaviour log-probs from the sampler
   samples: SampleBatch
   ref_logp: jax.Array | None = None  # [N, R] f32 frozen reference log-probs (KL term)
+  num_prompts: int | None = flax.struct.field(pytree_node=False, default=None)
 
 
 class RolloutSample(Protocol):
@@ -299,9 +305,18 @@ class BatchShape:
     return -(-rows // self.multiple) * self.multiple, width, resp
 
 
+def count_prompts(samples: Sequence[RolloutSample], rows: int) -> int:
+  """The `num_prompts` bound of a block of `rows` rows holding `samples`: its distinct
+  (prompt, policy) pairs, one more for the padding rows' empty prompt, rounded up to a power of
+  two (fewer step shapes to compile) and at most `rows`."""
+  distinct = len({(tuple(s.generation.prompt_ids), s.policy_id) for s in samples})
+  return min(rows, bucket(distinct + (len(samples) < rows), 1))
+
+
 def build_rows(samples: Sequence[RolloutSample], shape: BatchShape, pad_id: int, rows: int,
-               width: int, resp_width: int) -> TrainBatch:
-  """One flat block of `rows` rows: the samples with their ids, then padding (host arrays)."""
+               width: int, resp_width: int, num_prompts: int | None = None) -> TrainBatch:
+  """One flat block of `rows` rows: the samples with their ids, then padding (host arrays).
+  `num_prompts`: the batch's bound (`TrainBatch.num_prompts`), None: no prompt sharing."""
   if len(samples) > rows:
     raise ValueError(f"{len(samples)} samples do not fit in a block of {rows} rows")
   prompt = np.full((rows, width), pad_id, np.int32)
@@ -333,7 +348,7 @@ def build_rows(samples: Sequence[RolloutSample], shape: BatchShape, pad_id: int,
     rewards[i] = s.reward
   samples_batch = jax.tree.map(np.asarray, make_batch(rewards, token_mask=token_mask, **fields))
   out = TrainBatch(prompt=prompt, prompt_mask=prompt_mask, response=response,
-                   old_logp=old_logp, samples=samples_batch)
+                   old_logp=old_logp, samples=samples_batch, num_prompts=num_prompts)
   chex.assert_shape([out.prompt, out.prompt_mask], (rows, width))
   chex.assert_shape([out.response, out.old_logp, out.samples.token_mask], (rows, resp_width))
   return out

@@ -29,13 +29,22 @@ def response_hidden(
     adapters: decoder.LoraAdapters | None = None,
     layer_hook: decoder.LayerHook | None = None,
     remat: bool = False,
+    num_prompts: int | None = None,
 ) -> jax.Array:
   """Hidden states [n, R, D] of the states that emit each response token.
 
   The forward runs over prompt + response[:-1]; the state before response token t sits at
   position Tp - 1 + t, so only these R positions go on to the vocabulary projection or the value
   head (the prompt's positions never do).
+
+  `num_prompts`: an upper bound on the distinct (prompt, adapter) rows among the n (a static
+  int the host computes, `TrainBatch.num_prompts`). Each distinct prompt then runs once and its
+  keys/values serve every row that shares it (`_shared_prompt_hidden`): the G samples of a group
+  pay for their prompt once, forward and backward. None (or >= n): every row runs its prompt.
   """
+  if num_prompts is not None and num_prompts < prompt.shape[0]:
+    return _shared_prompt_hidden(params, config, prompt, prompt_mask, response, num_prompts,
+                                 adapters=adapters, layer_hook=layer_hook, remat=remat)
   Tp = prompt.shape[1]
   tokens = jnp.concatenate([prompt, response[:, :-1]], axis=1)
   attn_mask = jnp.concatenate([prompt_mask, jnp.ones(response[:, :-1].shape, bool)], axis=1)
@@ -43,6 +52,59 @@ def response_hidden(
                                     attn_mask=attn_mask, adapters=adapters,
                                     layer_hook=layer_hook, remat=remat)
   return hidden[:, Tp - 1:]
+
+
+def distinct_prompts(prompt: jax.Array, prompt_mask: jax.Array, keys: jax.Array | None,
+                     num: int) -> tuple[jax.Array, jax.Array]:
+  """(rows [num], slot [n]): the first row of each distinct (prompt, key) in row order, padded
+  with row 0, and the index in `rows` of each row's prompt. Rows are equal when their real
+  tokens, padding and key (the LoRA policy id: adapters change a prompt's keys/values) are.
+  `num` must bound the distinct count, or rows would share a wrong prompt; the host guarantees
+  it (`layouts.count_prompts`)."""
+  n = prompt.shape[0]
+  tokens = jnp.where(prompt_mask, prompt, -1)
+  same = jnp.all(tokens[:, None, :] == tokens[None, :, :], axis=-1)  # [n, n]
+  if keys is not None:
+    same &= keys[:, None] == keys[None, :]
+  first = jnp.argmax(same, axis=1)  # the first row equal to each row (itself at worst)
+  leader = first == jnp.arange(n)
+  slot = (jnp.cumsum(leader) - 1)[first]
+  return jnp.nonzero(leader, size=num, fill_value=0)[0], slot
+
+
+def _shared_prompt_hidden(params, config, prompt, prompt_mask, response, num_prompts, *,
+                          adapters, layer_hook, remat) -> jax.Array:
+  """`response_hidden` with each distinct prompt computed once (see there).
+
+  Pass 1 runs the `num_prompts` distinct prompts and keeps their per-layer keys/values (a KV
+  cache of Tp slots). Pass 2 runs every row's response[:-1] against its prompt's cache entries,
+  gathered per row, as decode reads a prefilled cache. The state before response token 0 is the
+  prompt's last hidden state. Gradients flow back through the gather, so a shared prompt's
+  gradient is the sum over its rows, as in the unshared forward."""
+  n, Tp = prompt.shape
+  R = response.shape[1]
+  rows, slot = distinct_prompts(prompt, prompt_mask,
+                                None if adapters is None else adapters.policy_ids, num_prompts)
+  p_mask = prompt_mask[rows]
+  p_adapters = None if adapters is None else adapters.replace(
+      policy_ids=adapters.policy_ids[rows])
+  p_hidden, cache = decoder.hidden_states(
+      params, prompt[rows], decoder.positions_from_mask(p_mask), config, attn_mask=p_mask,
+      cache=decoder.init_cache(config, num_prompts, Tp), adapters=p_adapters,
+      layer_hook=layer_hook, remat=remat)  # [P, Tp, D]; cache [L, P, Tp, Hkv, Dh]
+  first = p_hidden[slot, -1:]  # [n, 1, D]
+  if R == 1:
+    return first
+  grow = lambda kv: jnp.pad(kv[:, slot], ((0, 0), (0, 0), (0, R - 1), (0, 0), (0, 0)))
+  row_cache = decoder.KVCache(
+      k=grow(cache.k), v=grow(cache.v),
+      mask=jnp.concatenate([p_mask[slot], jnp.zeros((n, R - 1), bool)], axis=1),
+      index=jnp.asarray(Tp, jnp.int32))
+  positions = jnp.sum(prompt_mask, axis=1, keepdims=True) + jnp.arange(R - 1)  # [n, R - 1]
+  hidden, _ = decoder.hidden_states(params, response[:, :-1], positions, config,
+                                    cache=row_cache, adapters=adapters, layer_hook=layer_hook,
+                                    remat=remat)
+  return jnp.concatenate([first, hidden], axis=1)
 
 
 def token_logprobs_from_hidden(params: Params, config: ModelConfig, hidden: jax.Array,

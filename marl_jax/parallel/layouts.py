@@ -30,7 +30,7 @@ import optax
 
 from marl_jax.algos import optim as optim_lib
 from marl_jax.algos.batch import (BatchShape, GroupSpace, RolloutSample, TrainBatch, build_rows,
-                                  validate_batch as validate_ids)
+                                  count_prompts, validate_batch as validate_ids)
 from marl_jax.models import decoder
 from marl_jax.models import lora as lora_lib
 from marl_jax.parallel import sharding
@@ -278,14 +278,23 @@ def batch_sizes(cfg: PolicyConfig, samples: Sequence[RolloutSample], shape: Batc
   return shape.sizes(samples, max(len(b) for b in of(cfg).blocks(cfg, samples)))
 
 
+def prompt_bound(cfg: PolicyConfig, samples: Sequence[RolloutSample], rows: int) -> int:
+  """`TrainBatch.num_prompts` of `samples` in blocks of `rows` rows: the largest
+  `batch.count_prompts` over the blocks. Multi-host runs take the maximum over processes: a
+  device's rows all come from one process, so it bounds every shard."""
+  return max(count_prompts(b, rows) for b in of(cfg).blocks(cfg, samples))
+
+
 def build_batch(cfg: PolicyConfig, samples: Sequence[RolloutSample], shape: BatchShape,
-                pad_ids: Sequence[int], sizes: tuple[int, int, int] | None = None) -> Any:
+                pad_ids: Sequence[int], sizes: tuple[int, int, int] | None = None,
+                num_prompts: int | None = None) -> Any:
   """The step's TrainBatch in the layout of `cfg` (flat, [P, n, ...] blocks, or a dict).
 
   `pad_ids`: one per model config of `cfg` (a mapped team's models each pad with their own
   tokenizer's id, which must lie in that model's vocabulary); padding is masked out either way.
   `sizes`: (rows per block, prompt width, response width), at least `batch_sizes(...)`;
-  default: exactly those.
+  default: exactly those. `num_prompts`: at least `prompt_bound(...)`; given, the learner
+  computes each distinct prompt once (`TrainBatch.num_prompts`).
   """
   layout = of(cfg)
   if len(pad_ids) != len(cfg.models):
@@ -296,11 +305,15 @@ def build_batch(cfg: PolicyConfig, samples: Sequence[RolloutSample], shape: Batc
   if any(s < n for s, n in zip((rows, width, resp), need)):
     raise ValueError(f"sizes (rows, prompt, response) = {tuple(sizes)} are smaller than the "
                      f"{need} these samples need")
+  bound = prompt_bound(cfg, samples, rows)
+  if num_prompts is not None and num_prompts < bound:
+    raise ValueError(f"num_prompts={num_prompts} is below these samples' prompt bound {bound} "
+                     "(distinct (prompt, policy) pairs of a block, rounded up; prompt_bound)")
   empty = [i for i, s in enumerate(samples) if not s.generation.token_ids]
   if empty:
     raise ValueError(f"samples {empty[:5]} have no response tokens; train batches need the "
                      "sampler's token ids (scripted policies cannot be trained)")
-  parts = [build_rows(b, shape, pad, rows, width, resp)
+  parts = [build_rows(b, shape, pad, rows, width, resp, num_prompts)
            for b, pad in zip(layout.blocks(cfg, samples), layout.block_pad_ids(cfg, pad_ids))]
   return layout.join(cfg, parts)
 

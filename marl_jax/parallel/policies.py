@@ -140,7 +140,8 @@ def _one_model(params, model_specs, config, batch, adapters, remat: bool):
   params = sharding.gather_outside_layers(params, model_specs)
   hidden = logprobs.response_hidden(params, config, batch.prompt, batch.prompt_mask,
                                     batch.response, adapters=adapters,
-                                    layer_hook=sharding.layer_hook(model_specs), remat=remat)
+                                    layer_hook=sharding.layer_hook(model_specs), remat=remat,
+                                    num_prompts=batch.num_prompts)
   return params, hidden
 
 

@@ -103,8 +103,11 @@ def base_config() -> ml_collections.ConfigDict:
   # learner_temperature: the loss's log-probs are log_softmax(logits / T); None = the sampling
   # temperature (1 when sampling greedily). logits_chunk: response positions per LM-head slice in
   # the learner's forwards (the [B, R, V] logits never exist whole), None = whole.
+  # share_prompts: the learner computes each distinct prompt of a batch once and its keys/values
+  # serve every sample that shares it (a group's G samples), forward and backward.
   c.train = ml_collections.ConfigDict(dict(steps=200, micro_batches=1, remat=False,
                                            logits_chunk=config_dict.placeholder(int),
+                                           share_prompts=False,
                                            mesh=(-1, 1, 1), eval_only=False,
                                            target_kl=config_dict.placeholder(float),
                                            mini_batch_size=config_dict.placeholder(int),
@@ -348,8 +351,9 @@ def _check_updates(c: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.loss.policy_loss='reinforce' is on-policy (one update per "
                      f"rollout); got config.train.epochs={t.epochs}, mini_batch_size={size}, "
                      "expected 1 and None")
-  if not isinstance(t.recompute_old_logp, bool):
-    raise ValueError(f"config.train.recompute_old_logp={t.recompute_old_logp!r}; expected a bool")
+  for name in ("recompute_old_logp", "share_prompts"):
+    if not isinstance(t[name], bool):
+      raise ValueError(f"config.train.{name}={t[name]!r}; expected a bool")
   if t.tis_cap is not None and (not t.tis_cap > 0 or not t.recompute_old_logp):
     raise ValueError(f"config.train.tis_cap={t.tis_cap!r} needs a value > 0 and "
                      "config.train.recompute_old_logp=True (the learner's log-probs to weigh "

@@ -223,8 +223,11 @@ class Run:
     samples, result, refill_metrics = self._rollout()
     rollout_s = time.monotonic() - start
     sizes = multihost.agree_max(layouts.batch_sizes(self.policy, samples, self.shape))
+    prompts = None  # each distinct prompt once in the learner: a bound every process agrees on
+    if self.c.train.share_prompts:
+      prompts = multihost.agree_max([layouts.prompt_bound(self.policy, samples, sizes[0])])[0]
     batch = self._global_batch(layouts.build_batch(
-        self.policy, samples, self.shape, [t.pad_id for t in self.tokenizers], sizes))
+        self.policy, samples, self.shape, [t.pad_id for t in self.tokenizers], sizes, prompts))
     if self.fns.old_values is not None:  # MARFT: GAE needs the critic's values of these states
       batch = self.fns.old_values(self.state.params, self.frozen, batch)
     if self.fns.ref_logp is not None:  # the KL term's reference log-probs

@@ -97,6 +97,16 @@ def test_sizes_bucket_and_round_to_the_multiple():
     batch_lib.build_rows(samples + samples[:1], shape, 0, rows=2, width=64, resp_width=32)
 
 
+def test_count_prompts_bounds_distinct_prompt_policy_pairs():
+  # (1, 2) under policies 0 and 1 and (3,) under policy 0: 3 distinct pairs.
+  samples = [sample(0, 0, 0, 0, [1, 2], [5]), sample(0, 1, 0, 0, [1, 2], [6]),
+             sample(0, 2, 0, 0, [3], [5]), sample(1, 0, 0, 1, [1, 2], [5])]
+  assert batch_lib.count_prompts(samples, rows=4) == 4  # 3 -> power of two 4
+  assert batch_lib.count_prompts(samples, rows=8) == 4  # 3 + the padding rows' prompt
+  assert batch_lib.count_prompts(samples[:3], rows=3) == 2  # (1, 2) and (3,): 2 pairs
+  assert batch_lib.count_prompts(samples[1:], rows=3) == 3  # 3 pairs -> 4, capped at 3 rows
+
+
 def test_tree_id_rules_name_nodes_by_their_first_leaf():
   """G = 3, T = 3, problem 1 (leaves 27..53): the path of branches (2, 0, 1) by hand."""
   g, t = 3, 3

@@ -66,6 +66,23 @@ def test_build_batch_arranges_rows_per_kind(kind):
   chex.assert_trees_all_close(back, batch)
   spec = layouts.batch_spec(cfg, "x")
   assert tuple(spec) == ((None, "x") if kind == "stacked" else ("x",))
+  # The distinct-prompt bound (every sample's prompt is (5, 6)): shared, 1 prompt + the padding
+  # row's -> 2; lora, one per adapter + padding -> 3 -> 4; stacked / mapped, the larger block:
+  # policy 1's sample + its padding row -> 2. Set on every block only when asked.
+  bound = {"shared": 2, "lora": 4, "stacked": 2, "mapped": 2}[kind]
+  rows = layouts.batch_sizes(cfg, samples(kind), SHAPE)[0]
+  assert layouts.prompt_bound(cfg, samples(kind), rows) == bound
+  assert {b.num_prompts for b in jax.tree.leaves(
+      layout.groups(cfg, batch, lambda b: [b]), is_leaf=lambda x: hasattr(x, "num_prompts"))} == {
+      None}
+  shared = layouts.build_batch(cfg, samples(kind), SHAPE, pads, num_prompts=bound)
+  assert {b.num_prompts for b in jax.tree.leaves(
+      layout.groups(cfg, shared, lambda b: [b]), is_leaf=lambda x: hasattr(x, "num_prompts"))} == {
+      bound}
+  if bound > 1:  # a bound below the distinct prompts would pair rows with wrong prompts
+    with pytest.raises(ValueError, match=f"num_prompts={bound - 1} is below these samples' "
+                                         f"prompt bound {bound} "):
+      layouts.build_batch(cfg, samples(kind), SHAPE, pads, num_prompts=bound - 1)
 
 
 def test_batch_checks_name_the_culprit():

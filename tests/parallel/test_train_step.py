@@ -13,6 +13,7 @@ import numpy as np
 import optax
 import pytest
 
+from marl_jax.algos import logprobs
 from marl_jax.algos.advantage_config import AdvantageConfig
 from marl_jax.algos.batch import GroupSpace, TrainBatch, make_batch
 from marl_jax.algos.losses import LossConfig
@@ -97,13 +98,17 @@ def reference(params, batch: TrainBatch, loss_mask=None):
                              batch.old_logp, adv[:, None], mask)
 
 
-def make_flat_batch(params, seed=0, policy_of_agent=(0, 0)) -> TrainBatch:
-  """N samples: K per problem, agents alternating, left-padded prompts, ragged responses."""
+def make_flat_batch(params, seed=0, policy_of_agent=(0, 0), shared=False) -> TrainBatch:
+  """N samples: K per problem, agents alternating, left-padded prompts, ragged responses.
+  `shared`: the K samples of a problem share one prompt, and the batch says so (num_prompts:
+  N / K distinct prompts)."""
   rng = np.random.default_rng(seed)
   agent = np.arange(N) % A
   pad = rng.integers(0, 3, N)
   prompt_mask = np.arange(TP)[None] >= pad[:, None]
   prompt = np.where(prompt_mask, rng.integers(1, MODEL.vocab_size, (N, TP)), 0).astype(np.int32)
+  if shared:  # the first sample's prompt, padding included, for its whole problem
+    prompt, prompt_mask = prompt[::K].repeat(K, axis=0), prompt_mask[::K].repeat(K, axis=0)
   response = rng.integers(1, MODEL.vocab_size, (N, R)).astype(np.int32)
   lengths = rng.integers(1, R + 1, N)
   token_mask = np.arange(R)[None] < lengths[:, None]
@@ -114,7 +119,7 @@ def make_flat_batch(params, seed=0, policy_of_agent=(0, 0)) -> TrainBatch:
   old_logp = (logp + 0.3 * rng.normal(size=logp.shape)).astype(np.float32)  # ratios ~ e^+-0.3
   samples = jax.tree.map(np.asarray, samples)
   return TrainBatch(prompt=prompt, prompt_mask=prompt_mask, response=response,
-                    old_logp=old_logp, samples=samples)
+                    old_logp=old_logp, samples=samples, num_prompts=N // K if shared else None)
 
 
 def _pad_rows(b: TrainBatch, rows: np.ndarray, size: int, policy: int) -> TrainBatch:
@@ -217,18 +222,41 @@ def test_meshes_and_micro_batches_match_one_device(shared_setup, mesh_shape, mic
     assert "fsdp" in tuple(kernel.sharding.spec)
 
 
-@pytest.mark.parametrize("kind", ["stacked", "mapped"])
-def test_separate_models_on_fsdp_mesh(kind):
+@pytest.mark.parametrize("mesh_shape, micro_batches", [((1, 1, 1), 2), ((1, 2, 1), 1)])
+def test_shared_prompts_match_reference(mesh_shape, micro_batches, monkeypatch):
+  """Each distinct prompt computed once per device and micro-batch (TrainBatch.num_prompts = 4
+  for 16 rows): loss and gradients equal the reference's full forward per sample, on one device
+  with 2 micro-batches and on an FSDP mesh (8 rows, 2 prompts, per shard or micro-batch)."""
+  shared_calls = []
+  inner = logprobs._shared_prompt_hidden
+  monkeypatch.setattr(logprobs, "_shared_prompt_hidden", lambda *a, **k: shared_calls.append(
+      a[-1]) or inner(*a, **k))  # records num_prompts at trace time
+  cfg, fns = build(mesh_shape=mesh_shape, micro_batches=micro_batches)
+  trainable, frozen = init_params(cfg.policy, jax.random.key(0))
+  batch = make_flat_batch(trainable["policy"], shared=True)
+  grads, _, metrics = run_step(fns, trainable, frozen, batch)
+  assert shared_calls and set(shared_calls) == {4}  # 8 local rows ran 4 prompt rows
+  loss, want = reference(trainable["policy"], batch)
+  np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5)
+  assert_close(grads["policy"], want)
+
+
+@pytest.mark.parametrize("kind, shared", [("stacked", False), ("mapped", False),
+                                          ("stacked", True)])
+def test_separate_models_on_fsdp_mesh(kind, shared):
   """P full models (stacked / mapped) on an FSDP mesh with micro-batches: policy p's gradient is
-  the reference gradient of its own agent's samples, normalised by its own token count."""
+  the reference gradient of its own agent's samples, normalised by its own token count. Shared:
+  one device, each block's 8 rows computing their 4 prompts once."""
   names = ("solver", "verifier") if kind == "mapped" else ()
-  cfg, fns = build(kind, P=2, mesh_shape=(2, 4, 1), micro_batches=2, names=names)
+  mesh_shape, micro_batches = ((1, 1, 1), 1) if shared else ((2, 4, 1), 2)
+  cfg, fns = build(kind, P=2, mesh_shape=mesh_shape, micro_batches=micro_batches, names=names)
   one = jax.jit(decoder.init_params, static_argnums=0, compiler_options=FAST_COMPILE)(
       MODEL, jax.random.key(0))
   base = {k: one for k in names} if kind == "mapped" else one
   trainable, frozen = init_params(cfg.policy, jax.random.key(1), base=base)
-  flat = make_flat_batch(one, policy_of_agent=(0, 1))
-  batch = arrange(cfg.policy, flat, multiple=8 * 2)  # pads each block to 16
+  flat = make_flat_batch(one, policy_of_agent=(0, 1), shared=shared)
+  # Pads each block to 16 rows (8 devices x 2 micro-batches), or keeps its 8 on one device.
+  batch = arrange(cfg.policy, flat, multiple=1 if shared else 8 * 2)
   grads, _, metrics = run_step(fns, trainable, frozen, batch)
   want = [reference(one, flat, flat.samples.agent_id == a) for a in range(A)]
   np.testing.assert_allclose(metrics["loss"], sum(loss for loss, _ in want), rtol=1e-5)

@@ -8,9 +8,11 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import toy_task
+from marl_jax.algos import logprobs
 from marl_jax.training import config as config_lib
 from marl_jax.training import trainer
 from marl_jax.training.metrics import read_metrics
@@ -140,3 +142,33 @@ def test_mini_batch_updates_resume_exactly(model_dir, tmp_path):
     assert got[step] == want[step], f"step {step} differs after the resume"
   assert all(want[s]["train/updates"] == 4 for s in want)
   assert any(abs(want[s]["train/ratio"] - 1.0) > 1e-3 for s in want)
+
+
+def test_shared_prompts_train_like_unshared(model_dir, tmp_path, monkeypatch):
+  """train.share_prompts computes each group's prompt once in the learner's forwards: one
+  problem x K = 32 samples on 8 devices, so the recompute pass and the update (4 rows per
+  device) run one prompt row per device. They give the train metrics of an unshared run to
+  float32 rounding (as tests/parallel/test_multihost compares runs whose programs differ), from
+  the same rollout. One update: after an AdamW step, rounding-level gradient differences in
+  near-zero components move params by up to lr, so later updates are not comparable."""
+
+  def config(share):
+    c = toy_task.toy_config(model_dir, steps=1)
+    c.rollout.problems_per_step, c.rollout.k = 1, 32
+    c.train.recompute_old_logp = True
+    c.train.share_prompts = share
+    return c
+
+  trainer.train(config(False), str(tmp_path / "unshared"))
+  shared_calls = []  # num_prompts of each shared forward traced
+  inner = logprobs._shared_prompt_hidden
+  monkeypatch.setattr(logprobs, "_shared_prompt_hidden", lambda *a, **k: shared_calls.append(
+      a[-1]) or inner(*a, **k))
+  trainer.train(config(True), str(tmp_path / "shared"))
+  assert shared_calls and set(shared_calls) == {1}
+  want, got = _by_step(tmp_path / "unshared"), _by_step(tmp_path / "shared")
+  assert {k: v for k, v in got[1].items() if k.startswith("rollout/")} == {
+      k: v for k, v in want[1].items() if k.startswith("rollout/")}
+  for key, value in want[1].items():
+    if key.startswith("train/"):
+      np.testing.assert_allclose(got[1][key], value, rtol=1e-5, atol=1e-6, err_msg=key)
