@@ -2,6 +2,10 @@
 
     python -m experiments.bench_train_step [--batch 8 --prompt 128 --response 128 --steps 3]
     taskset -c 1 python -m experiments.bench_train_step --rounds 2   # one core, alternating
+    # RL-shaped: one group of G = 8 samples of a 320-token prompt, each distinct prompt computed
+    # once by the JAX learner (train.share_prompts) and the LM head in 64-token slices
+    python -m experiments.bench_train_step --batch 8 --group 8 --prompt 320 --response 64 \
+        --share_prompts --logits_chunk 64
 
 The model is SmolLM2-135M-Instruct (the embedded GGUF; random params of the same preset with
 --random). Four configurations each run in a fresh subprocess, so peak RSS (`ru_maxrss`) is per
@@ -15,7 +19,11 @@ configuration and the two frameworks never share threads:
   jax_full_remat / jax_lora_remat (opt-in): the JAX step with per-layer rematerialisation.
 Both frameworks see the same batch (left-padded prompts) and report their first loss, which must
 agree (same step, same numbers). tokens/s counts every prompt and response token a step
-processes: batch * (prompt + response) / median step time over all rounds. On a shared machine,
+processes: batch * (prompt + response) / median step time over all rounds; useful tokens/s
+counts only real ones (each row's own prompt without its left padding, and its response up to its
+length), the figure for RL batches, whose rows share prompts (--group G: consecutive rows of G
+hold one prompt, padding included; --share_prompts: the JAX learner computes it once, PyTorch
+pads and recomputes it per row as a standard step does). On a shared machine,
 pin to one core (`taskset`) and use `--rounds` so both frameworks see the same conditions: both
 use every core they are allowed. Prints one JSON object.
 """
@@ -52,6 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--random", action="store_true", help="random params instead of the GGUF")
   p.add_argument("--logits_chunk", type=int, default=None,
                  help="JAX modes: response positions per LM-head slice (TrainConfig)")
+  p.add_argument("--group", type=int, default=1, help="rows per prompt (G); divides --batch")
+  p.add_argument("--share_prompts", action="store_true",
+                 help="JAX modes: compute each distinct prompt once (TrainBatch.num_prompts)")
   p.add_argument("--worker", choices=MODES + EXTRA_MODES, help=argparse.SUPPRESS)
   p.add_argument("--data", help=argparse.SUPPRESS)
   return p.parse_args(argv)
@@ -78,10 +89,12 @@ def write_data(args: argparse.Namespace, path: str) -> dict:
     loaded = load_model("smollm2-135m-instruct")
     config, params = loaded.config, loaded.params
   rng = np.random.default_rng(0)
-  n, tp, r = args.batch, args.prompt, args.response
-  pad = rng.integers(0, tp // 8 + 1, n)  # some left padding, as sampled prompts have
+  n, tp, r, g = args.batch, args.prompt, args.response, args.group
+  if n % g:
+    raise SystemExit(f"--group={g} does not divide --batch={n}")
+  pad = rng.integers(0, tp // 8 + 1, n // g).repeat(g)  # some left padding, as prompts have
   prompt_mask = np.arange(tp)[None] >= pad[:, None]
-  prompt = np.where(prompt_mask, rng.integers(1, config.vocab_size, (n, tp)), 0)
+  prompt = np.where(prompt_mask, rng.integers(1, config.vocab_size, (n // g, tp)).repeat(g, 0), 0)
   lengths = rng.integers(r // 2, r + 1, n)
   arrays = dict(
       prompt=prompt.astype(np.int32), prompt_mask=prompt_mask,
@@ -89,7 +102,8 @@ def write_data(args: argparse.Namespace, path: str) -> dict:
       token_mask=np.arange(r)[None] < lengths[:, None],
       old_logp=(-np.log(config.vocab_size) + rng.normal(0, 0.5, (n, r))).astype(np.float32),
       rewards=rng.integers(0, 2, n).astype(np.float32),
-      problem_id=(np.arange(n) // 4).astype(np.int32), agent_id=(np.arange(n) % 2).astype(
+      problem_id=(np.arange(n) // (g if g > 1 else 4)).astype(np.int32),
+      agent_id=(np.arange(n) % 2).astype(
           np.int32))
   flat = {"/".join(str(getattr(k, "key", k)) for k in path_): np.asarray(v) for path_, v in
           jax.tree_util.tree_flatten_with_path(params)[0]}
@@ -97,7 +111,8 @@ def write_data(args: argparse.Namespace, path: str) -> dict:
   np.savez(os.path.join(path, "batch.npz"), **arrays)
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump({k: getattr(config, k) for k in config.__dataclass_fields__}, f)
-  return {"model": "random smollm2-135m" if args.random else "smollm2-135m-instruct (GGUF)"}
+  return {"model": "random smollm2-135m" if args.random else "smollm2-135m-instruct (GGUF)",
+          "useful_tokens_per_step": int(prompt_mask.sum() + arrays["token_mask"].sum())}
 
 
 def read_data(path: str):
@@ -161,9 +176,13 @@ def jax_worker(mode: str, args: argparse.Namespace) -> dict:
   samples = make_batch(b["rewards"], problem_id=b["problem_id"], agent_id=b["agent_id"],
                        policy_id=b["agent_id"] if lora else np.zeros(n, np.int32),
                        token_mask=b["token_mask"])
+  keys = b["agent_id"] if lora else np.zeros(n, np.int32)  # adapters change a prompt's k/v
+  distinct = len({(b["prompt"][i].tobytes(), b["prompt_mask"][i].tobytes(), int(keys[i]))
+                  for i in range(n)})
   batch = fns.shard_batch(TrainBatch(prompt=b["prompt"], prompt_mask=b["prompt_mask"],
                                      response=b["response"], old_logp=b["old_logp"],
-                                     samples=samples))
+                                     samples=samples,
+                                     num_prompts=distinct if args.share_prompts else None))
   del params, flat
   rss_setup = peak_rss_mib()
   times, cpu, losses = [], [], []
@@ -306,7 +325,8 @@ def main() -> None:
   tokens = args.batch * (args.prompt + args.response)
   out = {"batch": args.batch, "prompt": args.prompt, "response": args.response,
          "tokens_per_step": tokens, "timed_steps": args.steps, "rounds": args.rounds,
-         "logits_chunk": args.logits_chunk,
+         "logits_chunk": args.logits_chunk, "group": args.group,
+         "share_prompts": args.share_prompts,
          "cpus": len(os.sched_getaffinity(0)),
          "load_avg_before": [round(x, 2) for x in os.getloadavg()]}
   runs: dict[str, list[dict]] = {m: [] for m in modes}
@@ -318,6 +338,7 @@ def main() -> None:
                tmp, "--steps", str(args.steps)]
         if args.logits_chunk is not None:
           cmd += ["--logits_chunk", str(args.logits_chunk)]
+        cmd += ["--group", str(args.group)] + ["--share_prompts"] * args.share_prompts
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
         if proc.returncode or not lines:
@@ -329,6 +350,7 @@ def main() -> None:
     median = float(np.median(steps))
     out[mode] = {
         "median_step_s": round(median, 3), "tokens_per_s": round(tokens / median, 1),
+        "useful_tokens_per_s": round(out["useful_tokens_per_step"] / median, 1),
         # CPU seconds the process used per step (all its threads): robust to other processes
         # taking the cores, so comparable across frameworks on a busy machine.
         "median_step_cpu_s": round(float(np.median(cpu)), 3),
