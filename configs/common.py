@@ -69,7 +69,8 @@ CPU_MAX_NEW_TOKENS = 48
 
 def cpu_preset(c: ml_collections.ConfigDict) -> None:
   """Shrinks a run to the embedded SmolLM2-135M on a 2-core machine: 2 problems x 2 samples,
-  48-token replies, 2 steps, one evaluation at the end on 2 problems, per-layer remat, a
+  48-token replies, 2 steps, one evaluation at the end on 2 problems, per-layer remat, each
+  distinct prompt computed once and the LM head in 32-position slices in the learner, a
   checkpoint every step; a mapped team maps that model once per agent."""
   c.model = "smollm2-135m-instruct"
   c.rollout.problems_per_step = 2
@@ -78,6 +79,8 @@ def cpu_preset(c: ml_collections.ConfigDict) -> None:
   c.optim.lr = 1e-5
   c.train.steps = 2
   c.train.remat = True
+  c.train.share_prompts = True
+  c.train.logits_chunk = 32
   c.eval.every = 2
   c.eval.num_problems = 2
   c.eval.at_start = False

@@ -60,7 +60,7 @@ def distinct_prompts(prompt: jax.Array, prompt_mask: jax.Array, keys: jax.Array 
   with row 0, and the index in `rows` of each row's prompt. Rows are equal when their real
   tokens, padding and key (the LoRA policy id: adapters change a prompt's keys/values) are.
   `num` must bound the distinct count, or rows would share a wrong prompt; the host guarantees
-  it (`layouts.count_prompts`)."""
+  it (`layouts.prompt_bound`)."""
   n = prompt.shape[0]
   tokens = jnp.where(prompt_mask, prompt, -1)
   same = jnp.all(tokens[:, None, :] == tokens[None, :, :], axis=-1)  # [n, n]

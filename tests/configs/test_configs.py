@@ -84,6 +84,7 @@ def test_every_preset_builds(name, preset):
     assert 32 <= c.sampling.max_new_tokens <= 64
     assert c.eval.num_problems <= 4 and not c.eval.at_start and c.eval.every == 2
     assert c.train.remat and c.checkpoint.every_steps == 1
+    assert c.train.share_prompts and c.train.logits_chunk == 32
     assert c.env.kwargs.get("path") is None and c.env.kwargs.get("corpus_path") is None
 
 
