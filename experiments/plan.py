@@ -13,18 +13,23 @@ of `policies.param_specs`, so nothing of the model's size is allocated; each pro
   train_step  the trainer's update on one rollout batch of the config's shapes (every episode runs
               `max_turns` turns and every agent acts each turn: an upper bound), prompts of
               `--prompt_tokens`, responses of `sampling.max_new_tokens`, bucketed as the trainer
-              buckets them. PPO mini-batches / epochs are planned as `epochs` full-batch updates.
-  prefill     the sampler's prefill of the largest `generate` call's distinct prompts.
+              buckets them. PPO mini-batches / epochs are planned as `epochs` full-batch updates;
+              the once-per-rollout forwards (recomputed old log-probs, KL reference, critic
+              values) are not counted, the KL reference's params are.
+  prefill     the sampler's prefill of the largest `generate` call's distinct prompts (the first
+              policy's model, for a mapped team of several architectures).
   decode      one decode step of that call's rows over a cache of prompt + new-token slots
               (the sampler's largest span), x `max_new_tokens` steps. Both run on the FSDP-
               sharded params with unsharded prompts as the sampler does; their FLOPs per device
               are the call's total (`flops_total`) over the device count, the best spread.
 
 Memory: XLA's `memory_analysis` of each compiled program per device (arguments + outputs -
-aliased + temporaries + code); the sampler programs also count the optimizer state (resident
-during the rollout). FLOPs: matmul FLOPs per device counted from the traced program, loops
+aliased + temporaries + code); the sampler programs count the whole train state resident
+during the rollout (params, optimizer state, frozen base, KL reference) instead of their param
+arguments. FLOPs: matmul FLOPs per device counted from the traced program, loops
 times their trip counts (XLA's `cost_analysis` counts a loop body once, so it is reported as
-`xla_flops` only). Seconds = FLOPs / (mfu x peak). Prints JSON on stdout, a table on stderr, and
+`xla_flops` only). Seconds = FLOPs / (mfu x peak), the peak by default the device's dense bf16
+one whatever the config's dtype. Prints JSON on stdout, a table on stderr, and
 exits 1 with one line when the config does not fit the device memory.
 
 Measured: Qwen3-1.7B AT-GRPO math (`mas_shared`, 2048 samples of 512 + 2048 tokens) plans in
@@ -60,7 +65,6 @@ from marl_jax.parallel import mesh as mesh_lib
 from marl_jax.parallel.train_step import TrainConfig, TrainState, guarded_update
 from marl_jax.sampling.sampler import Buckets, round_rows, round_up
 from marl_jax.training import config as config_lib
-from marl_jax.training.trainer import Run
 from marl_jax.workflows.rollout import id_layout
 
 # name -> (memory GiB, dense bf16 peak TFLOP/s per device)
@@ -269,8 +273,14 @@ def abstract_params(policy: policies.PolicyConfig, mesh: jax.sharding.Mesh) -> t
   """(trainable, frozen) as ShapeDtypeStructs with their FSDP shardings; nothing allocated."""
   trainable, frozen = jax.eval_shape(lambda key: policies.init_params(policy, key),
                                      jax.random.key(0))
-  specs = policies.param_specs(policy, trainable, frozen, mesh.shape[mesh_lib.FSDP])
-  return _abstract(trainable, mesh, specs[0]), _abstract(frozen, mesh, specs[1])
+  specs = []  # computed on tracers: layouts index the leaves (a stacked team's x[0])
+
+  def capture(trainable, frozen):
+    specs.append(policies.param_specs(policy, trainable, frozen, mesh.shape[mesh_lib.FSDP]))
+    return 0
+
+  jax.eval_shape(capture, trainable, frozen)
+  return _abstract(trainable, mesh, specs[0][0]), _abstract(frozen, mesh, specs[0][1])
 
 
 def make_step(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> tuple[Any, Any]:

@@ -177,3 +177,15 @@ def test_cli_plans_on_fake_devices_and_refuses_what_does_not_fit():
   last = too_small.stderr.strip().splitlines()[-1]
   assert last.startswith("error: config 'atgrpo_plan_path_mas_shared' needs "), last
   assert "limit is 0.001 GiB" in last and "Traceback" not in too_small.stderr
+
+
+@pytest.mark.parametrize("preset", ["mas_shared,cpu", "mas_lora,cpu", "mas_full,cpu"])
+def test_abstract_params_are_sharded_as_the_trainer_shards_them(preset):
+  s = plan.setup(tiny_config(preset), (1, 8, 1), PROMPT)
+  planned = plan.abstract_params(s.policy, s.mesh)
+  fns = make_train_step(s.train, s.mesh)
+  real = fns.shard_params(*policies.init_params(s.policy, jax.random.key(0)))
+  for a, r in zip(jax.tree.leaves(planned), jax.tree.leaves(real), strict=True):
+    assert (a.shape, a.dtype) == (r.shape, r.dtype)
+    assert a.sharding.is_equivalent_to(r.sharding, r.ndim), (a.sharding, r.sharding)
+  assert plan.device_bytes(planned) == on_device0(real)
