@@ -18,9 +18,10 @@ of `policies.param_specs`, so nothing of the model's size is allocated; each pro
               values) are not counted, the KL reference's params are.
   prefill     the sampler's prefill of the largest `generate` call's distinct prompts (the first
               policy's model, for a mapped team of several architectures).
-  decode      one decode step of that call's rows over a cache of prompt + new-token slots
-              (the sampler's largest span), x `max_new_tokens` steps. Both run on the FSDP-
-              sharded params with unsharded prompts as the sampler does; their FLOPs per device
+  decode      the sampler's own `generate_tokens` program for that call (prefill, then the
+              decode loops over blocks of growing cache spans) for memory; FLOPs: one decode step
+              over the largest span x `max_new_tokens`. Both sampler programs run on the FSDP-
+              sharded params with unplaced prompts, as the sampler does; their FLOPs per device
               are the call's total (`flops_total`) over the device count, the best spread.
 
 Memory: XLA's `memory_analysis` of each compiled program per device (arguments + outputs -
@@ -32,14 +33,18 @@ times their trip counts (XLA's `cost_analysis` counts a loop body once, so it is
 one whatever the config's dtype. Prints JSON on stdout, a table on stderr, and
 exits 1 with one line when the config does not fit the device memory.
 
-Measured: Qwen3-1.7B AT-GRPO math (`mas_shared`, 2048 samples of 512 + 2048 tokens) plans in
-~20 s on one CPU core. Over 400 lines: flags, stand-in batch, the three programs and the report
+Measured (2-core CPU, load ~2): Qwen3-1.7B AT-GRPO math (`mas_shared`, 2048 samples of 512 +
+2048 tokens, mesh 1,8,1) plans in ~35 s. SmolLM2-135M, 8 rows of 128 + 128 tokens, remat, one
+device: plan's train step 2.88 GiB (0.50 params + 1.00 AdamW + 1.38 temporaries), 1.94 TFLOP;
+`bench_train_step --modes jax_full_remat --random` at the same shapes: peak RSS 3.59 GiB (the
+rest: the Python / XLA runtime and host copies), 16.4 s per step (0.12 TFLOP/s achieved). Over 400 lines: flags, stand-in batch, the three programs and the report
 are one pipeline; split it when it grows.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -63,13 +68,16 @@ from marl_jax.models.config import PRESETS, ModelConfig
 from marl_jax.parallel import gradients, layouts, policies, sharding
 from marl_jax.parallel import mesh as mesh_lib
 from marl_jax.parallel.train_step import TrainConfig, TrainState, guarded_update
-from marl_jax.sampling.sampler import Buckets, round_rows, round_up
+from marl_jax.sampling.decode import Knobs, generate_tokens
+from marl_jax.sampling.params import SamplingParams
+from marl_jax.sampling.sampler import Buckets, Sampler, round_rows, round_up
 from marl_jax.training import config as config_lib
 from marl_jax.workflows.rollout import id_layout
 
 # name -> (memory GiB, dense bf16 peak TFLOP/s per device)
 DEVICES = {"h100": (80.0, 989.0), "v5e": (16.0, 197.0), "v4": (32.0, 275.0)}
 GIB = 2**30
+SAMPLER_DECODE_BLOCK = 64  # `Sampler`'s default decode_block (LLMPolicy keeps it)
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file: configs/NAME.py[:PRESET].", lock_config=True)
@@ -421,13 +429,18 @@ def abstract_state(init_state: Any, trainable: Any) -> Any:
 
 def sampler_programs(c: ml_collections.ConfigDict, config: ModelConfig, mesh: jax.sharding.Mesh,
                      turns: int, prompt_tokens: int, resident: int) -> dict[str, Any]:
-  """Prefill and one decode step of the largest `generate` call on the FSDP-sharded params of
-  `config`; peaks count the whole train state (`resident` bytes) instead of their param args."""
+  """Prefill and decode of the largest `generate` call on the FSDP-sharded params of `config`.
+
+  "prefill" is the prompts' forward alone; "decode" has the memory of the whole call (the
+  sampler's own `generate_tokens` program: prefill, then the decode loops) and the FLOPs of one
+  decode step over the largest span x `max_new_tokens`. Peaks count the whole train state
+  (`resident` bytes) instead of their param arguments."""
   rows, unique, width, slots = sampler_call(c, turns, prompt_tokens)
   params = jax.eval_shape(lambda key: decoder.init_params(config, key), jax.random.key(0))
   params = _abstract(params, mesh, sharding.model_specs(params, mesh.shape[mesh_lib.FSDP]))
   param_bytes = device_bytes(params)
   ints = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
+  prompt, mask = ints(unique, width), jax.ShapeDtypeStruct((unique, width), jnp.bool_)
 
   def prefill(params, prompt, mask):  # prompt, mask: [U, Tp]
     cache = decoder.init_cache(config, prompt.shape[0], prompt.shape[1])
@@ -435,16 +448,28 @@ def sampler_programs(c: ml_collections.ConfigDict, config: ModelConfig, mesh: ja
                                           config, attn_mask=mask, cache=cache)
     return decoder.lm_logits(params, hidden[:, -1], config), cache
 
-  def decode(params, tokens, positions, cache):  # tokens, positions: [B, 1]
+  def decode_step(params, tokens, positions, cache):  # tokens, positions: [B, 1]
     hidden, cache = decoder.hidden_states(params, tokens, positions, config, cache=cache)
     return decoder.lm_logits(params, hidden[:, 0], config), cache
 
+  sampling = SamplingParams(max_new_tokens=c.sampling.max_new_tokens,
+                            temperature=c.sampling.temperature, top_p=c.sampling.top_p,
+                            top_k=c.sampling.top_k)
+  sampler = Sampler(config)  # its defaults: buckets, decode blocks, top candidates
+  generate = functools.partial(
+      generate_tokens, config=config, pad_id=sampler.pad_id, block=SAMPLER_DECODE_BLOCK,
+      candidates=sampler.top_candidates, new_slots=slots, greedy=sampling.greedy,
+      truncates=sampling.truncates)
+  f32 = jax.ShapeDtypeStruct((), jnp.float32)
+  knobs = Knobs(temperature=f32, top_k=ints(), top_p=f32)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  decode = analyse(generate, params, prompt, mask, ints(rows), key, knobs,
+                   ints(Buckets().min_stop_ids), ints())
   cache = jax.eval_shape(lambda: decoder.init_cache(config, rows, width + slots))
-  out = {"prefill": analyse(prefill, params, ints(unique, width),
-                            jax.ShapeDtypeStruct((unique, width), jnp.bool_)),
-         "decode": analyse(decode, params, ints(rows, 1), ints(rows, 1), cache, donate=(3,))}
-  out["decode"]["flops"] *= c.sampling.max_new_tokens
-  out["decode"]["xla_flops"] *= c.sampling.max_new_tokens
+  decode["flops"] = c.sampling.max_new_tokens * matmul_flops(
+      jax.jit(decode_step).trace(params, ints(rows, 1), ints(rows, 1), cache).jaxpr)
+  decode["xla_flops"] = None  # loops: XLA counts each body once
+  out = {"prefill": analyse(prefill, params, prompt, mask), "decode": decode}
   for p in out.values():
     p["peak_bytes"] += resident - param_bytes
     # Traced at global shapes: the whole call's FLOPs, spread over the mesh at best.
