@@ -1,0 +1,523 @@
+"""Plans a paper-scale run without the hardware: memory per device, FLOPs, step time, fit.
+
+    python -m experiments.plan --config=configs/atgrpo_math.py:mas_shared --devices=8 \
+        [--mesh=1,8,1] [--device=h100|v5e|v4|<GiB>] [--mfu=0.4] [--peak_tflops=989] \
+        [--prompt_tokens=512]
+
+N fake CPU devices: `main` sets XLA_FLAGS=--xla_force_host_platform_device_count=N (and
+JAX_PLATFORMS=cpu) before jax first initialises its backend (importing jax does not), then checks
+that jax sees N devices. Params are `jax.eval_shape` of the policy init with the FSDP shardings
+of `policies.param_specs`, so nothing of the model's size is allocated; each program is
+`jax.jit(...).lower(abstract).compile()` for the config's mesh:
+
+  train_step  the trainer's update on one rollout batch of the config's shapes (every episode runs
+              `max_turns` turns and every agent acts each turn: an upper bound), prompts of
+              `--prompt_tokens`, responses of `sampling.max_new_tokens`, bucketed as the trainer
+              buckets them. PPO mini-batches / epochs are planned as `epochs` full-batch updates;
+              the once-per-rollout forwards (recomputed old log-probs, KL reference, critic
+              values) are not counted, the KL reference's params are.
+  prefill     the sampler's prefill of the largest `generate` call's distinct prompts (the first
+              policy's model, for a mapped team of several architectures).
+  decode      the sampler's own `generate_tokens` program for that call (prefill, then the
+              decode loops over blocks of growing cache spans) for memory; FLOPs: one decode step
+              over the largest span x `max_new_tokens`. Both sampler programs run on the FSDP-
+              sharded params with unplaced prompts, as the sampler does; their FLOPs per device
+              are the call's total (`flops_total`) over the device count, the best spread.
+
+Memory: XLA's `memory_analysis` of each compiled program per device (arguments + outputs -
+aliased + temporaries + code); the sampler programs count the whole train state resident
+during the rollout (params, optimizer state, frozen base, KL reference) instead of their param
+arguments. FLOPs: matmul FLOPs per device counted from the traced program, loops
+times their trip counts (XLA's `cost_analysis` counts a loop body once, so it is reported as
+`xla_flops` only). Seconds = FLOPs / (mfu x peak), the peak by default the device's dense bf16
+one whatever the config's dtype. Prints JSON on stdout, a table on stderr, and
+exits 1 with one line when the config does not fit the device memory.
+
+Measured (2-core CPU, load ~2): Qwen3-1.7B AT-GRPO math (`mas_shared`, 2048 samples of 512 +
+2048 tokens, mesh 1,8,1) plans in ~35 s. SmolLM2-135M, 8 rows of 128 + 128 tokens, remat, one
+device: plan's train step 2.88 GiB (0.50 params + 1.00 AdamW + 1.38 temporaries), 1.94 TFLOP;
+`bench_train_step --modes jax_full_remat --random` at the same shapes: peak RSS 3.59 GiB (the
+rest: the Python / XLA runtime and host copies), 16.4 s per step (0.12 TFLOP/s achieved). Over 400 lines: flags, stand-in batch, the three programs and the report
+are one pipeline; split it when it grows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import app, flags
+from jax.sharding import NamedSharding, PartitionSpec as P
+from ml_collections import config_flags
+
+from experiments import cli
+from marl_jax.algos import optim
+from marl_jax.algos.batch import BatchShape
+from marl_jax.errors import UserInputError
+from marl_jax.models import decoder, hf
+from marl_jax.models.config import PRESETS, ModelConfig
+from marl_jax.parallel import gradients, layouts, policies, sharding
+from marl_jax.parallel import mesh as mesh_lib
+from marl_jax.parallel.train_step import TrainConfig, TrainState, guarded_update
+from marl_jax.sampling.decode import Knobs, generate_tokens
+from marl_jax.sampling.params import SamplingParams
+from marl_jax.sampling.sampler import Buckets, Sampler, round_rows, round_up
+from marl_jax.training import config as config_lib
+from marl_jax.workflows.rollout import id_layout
+
+# name -> (memory GiB, dense bf16 peak TFLOP/s per device)
+DEVICES = {"h100": (80.0, 989.0), "v5e": (16.0, 197.0), "v4": (32.0, 275.0)}
+GIB = 2**30
+SAMPLER_DECODE_BLOCK = 64  # `Sampler`'s default decode_block (LLMPolicy keeps it)
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file: configs/NAME.py[:PRESET].", lock_config=True)
+_DEVICES = flags.DEFINE_integer("devices", 8, "Fake devices to plan for.")
+_MESH = flags.DEFINE_string("mesh", None, "data,fsdp,tensor sizes (one may be -1); default: "
+                            "config.train.mesh.")
+_DEVICE = flags.DEFINE_string("device", "h100", f"Per-device memory: one of {list(DEVICES)} or "
+                              "a number of GiB.")
+_MFU = flags.DEFINE_float("mfu", 0.4, "Model FLOPs utilisation assumed for the time estimate.")
+_PEAK = flags.DEFINE_float("peak_tflops", None, "Peak TFLOP/s per device; default: the device's "
+                           "dense bf16 peak (a number of GiB for --device needs this).")
+_PROMPT = flags.DEFINE_integer("prompt_tokens", 512, "Prompt tokens per sample (the config does "
+                               "not bound them).")
+flags.mark_flag_as_required("config")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """The device planned for: memory per device and peak FLOP/s."""
+  name: str
+  memory_bytes: int
+  peak_flops: float
+  mfu: float
+
+
+def parse_target(device: str, peak_tflops: float | None, mfu: float) -> Target:
+  """--device / --peak_tflops / --mfu -> Target; bad values raise UserInputError."""
+  if not 0 < mfu <= 1:
+    raise UserInputError(f"--mfu={mfu}; expected a fraction in (0, 1]")
+  if device in DEVICES:
+    gib, peak = DEVICES[device]
+  else:
+    try:
+      gib, peak = float(device), None
+    except ValueError:
+      raise UserInputError(f"--device={device!r}; expected one of {list(DEVICES)} or a number "
+                           "of GiB") from None
+    if gib <= 0:
+      raise UserInputError(f"--device={device!r}; expected a positive number of GiB")
+  peak = peak_tflops if peak_tflops is not None else peak
+  if peak is None or peak <= 0:
+    raise UserInputError(f"--peak_tflops={peak_tflops}; expected a positive TFLOP/s (needed with "
+                         f"--device={device})")
+  return Target(device, int(gib * GIB), peak * 1e12, mfu)
+
+
+def parse_mesh(text: str) -> tuple[int, int, int]:
+  try:
+    sizes = tuple(int(s) for s in text.split(","))
+  except ValueError:
+    sizes = ()
+  if len(sizes) != 3:
+    raise UserInputError(f"--mesh={text!r}; expected three comma-separated ints data,fsdp,tensor")
+  return sizes  # type: ignore[return-value]
+
+
+def use_fake_devices(n: int) -> None:
+  """N fake CPU devices. XLA reads the flag when jax first initialises its backend, so this must
+  run before any jax computation or device query (importing jax is fine)."""
+  if n < 1:
+    raise UserInputError(f"--devices={n}; expected an int >= 1")
+  flag = f"--xla_force_host_platform_device_count={n}"
+  kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
+          if not f.startswith("--xla_force_host_platform_device_count")]
+  os.environ["XLA_FLAGS"] = " ".join(kept + [flag])
+  os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+# ------------------------------------------------------------------------------ FLOPs
+
+
+def matmul_flops(jaxpr: Any) -> int:
+  """Matmul FLOPs of a (closed) jaxpr: 2 x output size x contracted size per dot_general; a scan
+  counts its body `length` times, a cond its costliest branch, a while loop its body once (trip
+  counts are unknown; the programs planned here have none on their hot path)."""
+  jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+  total = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+      lhs = eqn.invars[0].aval.shape
+      total += 2 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in lhs_contract)
+      continue
+    subs = [v for v in eqn.params.values() if _is_jaxpr(v)]
+    subs += [j for v in eqn.params.values() if isinstance(v, (tuple, list))
+             for j in v if _is_jaxpr(j)]
+    if eqn.primitive.name == "cond":
+      total += max(matmul_flops(j) for j in subs)
+    else:
+      inner = sum(matmul_flops(j) for j in subs)
+      total += inner * (eqn.params["length"] if eqn.primitive.name == "scan" else 1)
+  return total
+
+
+def _is_jaxpr(x: Any) -> bool:
+  return isinstance(x, (jax.extend.core.Jaxpr, jax.extend.core.ClosedJaxpr))
+
+
+# ------------------------------------------------------------------------------ programs
+
+
+def model_config(name: str, dtype: str) -> ModelConfig:
+  """The architecture of model `name` (a preset or an HF checkpoint directory) in `dtype`."""
+  if name in PRESETS:
+    config = PRESETS.get(name)
+  elif os.path.isfile(os.path.join(name, "config.json")):
+    with open(os.path.join(name, "config.json")) as f:
+      config = hf.config_from_hf(json.load(f))
+  else:
+    raise UserInputError(f"model {name!r}: plan needs an architecture preset {sorted(PRESETS)} "
+                         "or an HF checkpoint directory with a config.json")
+  return config.replace(param_dtype=dtype, compute_dtype=dtype)
+
+
+def policy_config(c: ml_collections.ConfigDict, built: config_lib.Built) -> policies.PolicyConfig:
+  """The team's PolicyConfig as `trainer.load_team` builds it, from architectures only."""
+  spec, num = built.spec, built.spec.num_policies
+  if layouts.of(c.policy).per_policy_models:
+    names = tuple(c.policy.models) or (c.model,) * num
+    policy_names = tuple("+".join(a for a in spec.agents if spec.policy_id(a) == p)
+                         for p in range(num))
+  else:
+    names, policy_names = (c.model,), ()
+  return policies.PolicyConfig(
+      kind=c.policy.kind, models=tuple(model_config(n, c.dtype) for n in names),
+      num_policies=num, names=policy_names, lora=built.lora, optim=(built.optim,),
+      critic=built.critic, critic_optim=built.critic_optim)
+
+
+def train_config(c: ml_collections.ConfigDict, built: config_lib.Built,
+                 policy: policies.PolicyConfig, shape: BatchShape) -> TrainConfig:
+  """The TrainConfig `trainer.Run` builds for this config."""
+  return TrainConfig(
+      policy=policy, advantage=built.advantage, loss=built.loss, space=shape.space,
+      agent_policies=tuple(built.spec.policy_id(a) for a in built.spec.agents),
+      temperature=config_lib.learner_temperature(c), micro_batches=c.train.micro_batches,
+      remat=c.train.remat, target_kl=c.train.target_kl, mini_batch_size=c.train.mini_batch_size,
+      epochs=c.train.epochs, recompute_old_logp=c.train.recompute_old_logp, tis_cap=c.train.tis_cap)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Generation:
+  prompt_ids: list[int]
+  token_ids: list[int]
+  logprobs: list[float]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sample:
+  """A stand-in rollout sample with the config's shapes (`batch.RolloutSample`)."""
+  problem_id: int
+  traj_id: int
+  turn: int
+  agent_id: int
+  policy_id: int
+  generation: _Generation
+  reward: float = 0.0
+  team_reward: float = 0.0
+
+
+def rollout_samples(c: ml_collections.ConfigDict, built: config_lib.Built, prompt_tokens: int
+                    ) -> list[_Sample]:
+  """One step's samples at their most: every episode runs `max_turns` turns, every agent acts in
+  each (tree: K replies per (problem, turn, agent); independent: K trajectories; magrpo_tree:
+  K^t joint actions at turn t), with `prompt_tokens` + `max_new_tokens` tokens each."""
+  spec, k, turns = built.spec, c.rollout.k, built.spec.max_turns
+  gen = _Generation([0] * prompt_tokens, [0] * c.sampling.max_new_tokens,
+                    [0.0] * c.sampling.max_new_tokens)
+  trajs, _ = id_layout(c.rollout.mode, k, turns)
+  per_turn = {"tree": lambda t: k, "independent": lambda t: k,
+              "magrpo_tree": lambda t: k ** (t + 1)}[c.rollout.mode]
+  out = []
+  for problem in range(c.rollout.problems_per_step):
+    for turn in range(turns):
+      for j in range(per_turn(turn)):
+        for a, agent in enumerate(spec.agents):
+          out.append(_Sample(problem, problem * trajs + j % trajs, turn, a,
+                             spec.policy_id(agent), gen))
+  return out
+
+
+def sampler_call(c: ml_collections.ConfigDict, turns: int, prompt_tokens: int,
+                 buckets: Buckets = Buckets()) -> tuple[int, int, int, int]:
+  """(rows B, distinct prompts U, prompt width, new-token slots) of the largest `generate` call
+  (one agent's wave), padded as `Sampler` pads them."""
+  n, k = c.rollout.problems_per_step, c.rollout.k
+  rows, unique = {"tree": (n * k, n), "independent": (n * k, n * k),
+                  "magrpo_tree": (n * k ** turns, n * k ** (turns - 1))}[c.rollout.mode]
+  return (round_rows(rows, buckets.row_multiple), round_rows(unique, buckets.row_multiple),
+          round_up(prompt_tokens, buckets.prompt_block),
+          round_up(c.sampling.max_new_tokens, buckets.new_token_multiple))
+
+
+def _abstract(tree: Any, mesh: jax.sharding.Mesh, specs: Any) -> Any:
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                        sharding=NamedSharding(mesh, s)),
+                      tree, specs)
+
+
+def abstract_params(policy: policies.PolicyConfig, mesh: jax.sharding.Mesh) -> tuple[Any, Any]:
+  """(trainable, frozen) as ShapeDtypeStructs with their FSDP shardings; nothing allocated."""
+  trainable, frozen = jax.eval_shape(lambda key: policies.init_params(policy, key),
+                                     jax.random.key(0))
+  specs = []  # computed on tracers: layouts index the leaves (a stacked team's x[0])
+
+  def capture(trainable, frozen):
+    specs.append(policies.param_specs(policy, trainable, frozen, mesh.shape[mesh_lib.FSDP]))
+    return 0
+
+  jax.eval_shape(capture, trainable, frozen)
+  return _abstract(trainable, mesh, specs[0][0]), _abstract(frozen, mesh, specs[0][1])
+
+
+def make_step(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> tuple[Any, Any]:
+  """(init_state, step) as `train_step.make_train_step` wires them (its jits are internal: this
+  is the same composition of `gradients.local_grads` and `guarded_update`), plain functions."""
+  pcfg = cfg.policy
+  parts = policies.make_optimizers(pcfg)
+  tx = optim.by_key(parts)
+  fsdp = mesh.shape[mesh_lib.FSDP]
+  spec = layouts.batch_spec(pcfg, mesh_lib.BATCH_AXES)
+
+  def init_state(trainable):
+    return TrainState(step=jnp.zeros((), jnp.int32), params=trainable,
+                      opt_state=tx.init(trainable), skipped=jnp.zeros((), jnp.int32))
+
+  def step(state, frozen, batch):
+    specs = policies.param_specs(pcfg, state.params, frozen, fsdp)
+    grads, metrics = jax.shard_map(
+        lambda p, f, b: gradients.local_grads(cfg, p, f, b, None, specs), mesh=mesh,
+        in_specs=(specs[0], specs[1], jax.tree.map(lambda _: spec, batch)),
+        out_specs=(specs[0], P()))(state.params, frozen, batch)
+    return guarded_update(cfg, tx, parts, state, grads, metrics)
+
+  return init_state, step
+
+
+def analyse(fn: Any, *args: Any, donate: tuple[int, ...] = ()) -> dict[str, Any]:
+  """Per-device memory (XLA's memory_analysis) and FLOPs of `fn` compiled for `args`."""
+  jitted = jax.jit(fn, donate_argnums=donate)
+  flops = matmul_flops(jitted.trace(*args).jaxpr)
+  compiled = jitted.lower(*args).compile()
+  m = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  peak = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+          + m.temp_size_in_bytes + m.generated_code_size_in_bytes)
+  return dict(argument_bytes=int(m.argument_size_in_bytes),
+              output_bytes=int(m.output_size_in_bytes), alias_bytes=int(m.alias_size_in_bytes),
+              temp_bytes=int(m.temp_size_in_bytes),
+              code_bytes=int(m.generated_code_size_in_bytes), peak_bytes=int(peak),
+              flops=int(flops), xla_flops=float(cost.get("flops", 0.0)))
+
+
+def device_bytes(tree: Any) -> int:
+  """Bytes one device holds of an abstract (or concrete) sharded tree."""
+  return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * np.dtype(x.dtype).itemsize
+             for x in jax.tree.leaves(tree))
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """What the trainer would build for a config, from architectures only."""
+  built: config_lib.Built
+  mesh: jax.sharding.Mesh
+  policy: policies.PolicyConfig
+  shape: BatchShape
+  train: TrainConfig
+  samples: list[_Sample]
+
+
+def setup(c: ml_collections.ConfigDict, mesh_sizes: tuple[int, int, int],
+          prompt_tokens: int) -> Setup:
+  """The checked config's team, mesh, batch shape, TrainConfig and stand-in samples; bad values
+  raise UserInputError."""
+  if prompt_tokens < 1:
+    raise UserInputError(f"--prompt_tokens={prompt_tokens}; expected an int >= 1")
+  try:
+    built = config_lib.build(c)
+    mesh = mesh_lib.make_mesh(*config_lib.mesh_shape(tuple(mesh_sizes), jax.device_count()))
+    policy = policy_config(c, built)
+    trajs, branching = id_layout(c.rollout.mode, c.rollout.k, built.spec.max_turns)
+  except UserInputError:
+    raise
+  except ValueError as e:
+    raise UserInputError(str(e)) from None
+  shape = BatchShape(num_problems=c.rollout.problems_per_step, trajs_per_problem=trajs,
+                     branching=branching, max_turns=built.spec.max_turns,
+                     num_agents=len(built.spec.agents),
+                     multiple=mesh_lib.batch_shards(mesh) * c.train.micro_batches)
+  return Setup(built, mesh, policy, shape, train_config(c, built, policy, shape),
+               rollout_samples(c, built, prompt_tokens))
+
+
+def abstract_batch(s: Setup) -> Any:
+  """The step's TrainBatch of the stand-in samples, abstract, sharded over the sample axis."""
+  batch = layouts.build_batch(s.policy, s.samples, s.shape, [0] * len(s.policy.models))
+  spec = layouts.batch_spec(s.policy, mesh_lib.BATCH_AXES)
+  return _abstract(batch, s.mesh, jax.tree.map(lambda _: spec, batch))
+
+
+def plan(c: ml_collections.ConfigDict, mesh_sizes: tuple[int, int, int], target: Target, *,
+         prompt_tokens: int) -> dict[str, Any]:
+  """The report (module docstring) of config `c` on a (data, fsdp, tensor) mesh of the current
+  devices. Bad config values raise UserInputError."""
+  s = setup(c, mesh_sizes, prompt_tokens)
+  mesh, policy, cfg, samples = s.mesh, s.policy, s.train, s.samples
+  batch = abstract_batch(s)
+  trainable, frozen = abstract_params(policy, mesh)
+  init_state, step = make_step(cfg, mesh)
+  state = abstract_state(init_state, trainable)
+  train = analyse(step, state, frozen, batch, donate=(0,))
+  train["flops"] *= c.train.epochs  # PPO epochs: one full-batch update each
+  reference = 0  # a KL reference of full models: a frozen copy of the policy params
+  if c.loss.kl_coef != 0.0 and not layouts.of(policy).adapters:
+    reference = device_bytes(state.params["policy"])
+  train["peak_bytes"] += reference
+  resident = device_bytes(state) + device_bytes(frozen) + reference
+  programs = {"train_step": train}
+  programs.update(sampler_programs(c, policy.models[0], mesh, s.built.spec.max_turns,
+                                   prompt_tokens, resident))
+  for p in programs.values():
+    p["seconds"] = p["flops"] / (target.mfu * target.peak_flops)
+  needed = max(p["peak_bytes"] for p in programs.values())
+  return dict(
+      config=c.name, model=c.model, dtype=c.dtype, policy=c.policy.kind,
+      mesh=dict(mesh.shape), devices=jax.device_count(), device=target.name,
+      device_bytes=target.memory_bytes, mfu=target.mfu, peak_tflops=target.peak_flops / 1e12,
+      train_batch=dict(samples=len(samples), response=list(batch_leaf(batch, "response").shape),
+                       prompt=list(batch_leaf(batch, "prompt").shape)),
+      params_bytes=device_bytes(state.params), opt_state_bytes=device_bytes(state.opt_state),
+      frozen_bytes=device_bytes(frozen), reference_bytes=reference, programs=programs,
+      step_seconds=sum(p["seconds"] for p in programs.values()),
+      needed_bytes=needed, fits=needed <= target.memory_bytes)
+
+
+def batch_leaf(batch: Any, field: str) -> Any:
+  """`field` of the batch's first block (any layout: flat, stacked or a dict of blocks)."""
+  return jax.tree.leaves(jax.tree.map(lambda b: getattr(b, field), batch,
+                                      is_leaf=lambda x: hasattr(x, field)))[0]
+
+
+def abstract_state(init_state: Any, trainable: Any) -> Any:
+  """The TrainState the trainer's `init` makes, abstract, with the shardings XLA gives it."""
+  compiled = jax.jit(init_state).lower(trainable).compile()
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      jax.eval_shape(init_state, trainable), compiled.output_shardings)
+
+
+def sampler_programs(c: ml_collections.ConfigDict, config: ModelConfig, mesh: jax.sharding.Mesh,
+                     turns: int, prompt_tokens: int, resident: int) -> dict[str, Any]:
+  """Prefill and decode of the largest `generate` call on the FSDP-sharded params of `config`.
+
+  "prefill" is the prompts' forward alone; "decode" has the memory of the whole call (the
+  sampler's own `generate_tokens` program: prefill, then the decode loops) and the FLOPs of one
+  decode step over the largest span x `max_new_tokens`. Peaks count the whole train state
+  (`resident` bytes) instead of their param arguments."""
+  rows, unique, width, slots = sampler_call(c, turns, prompt_tokens)
+  params = jax.eval_shape(lambda key: decoder.init_params(config, key), jax.random.key(0))
+  params = _abstract(params, mesh, sharding.model_specs(params, mesh.shape[mesh_lib.FSDP]))
+  param_bytes = device_bytes(params)
+  ints = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
+  prompt, mask = ints(unique, width), jax.ShapeDtypeStruct((unique, width), jnp.bool_)
+
+  def prefill(params, prompt, mask):  # prompt, mask: [U, Tp]
+    cache = decoder.init_cache(config, prompt.shape[0], prompt.shape[1])
+    hidden, cache = decoder.hidden_states(params, prompt, decoder.positions_from_mask(mask),
+                                          config, attn_mask=mask, cache=cache)
+    return decoder.lm_logits(params, hidden[:, -1], config), cache
+
+  def decode_step(params, tokens, positions, cache):  # tokens, positions: [B, 1]
+    hidden, cache = decoder.hidden_states(params, tokens, positions, config, cache=cache)
+    return decoder.lm_logits(params, hidden[:, 0], config), cache
+
+  sampling = SamplingParams(max_new_tokens=c.sampling.max_new_tokens,
+                            temperature=c.sampling.temperature, top_p=c.sampling.top_p,
+                            top_k=c.sampling.top_k)
+  sampler = Sampler(config)  # its defaults: buckets, decode blocks, top candidates
+  generate = functools.partial(
+      generate_tokens, config=config, pad_id=sampler.pad_id, block=SAMPLER_DECODE_BLOCK,
+      candidates=sampler.top_candidates, new_slots=slots, greedy=sampling.greedy,
+      truncates=sampling.truncates)
+  f32 = jax.ShapeDtypeStruct((), jnp.float32)
+  knobs = Knobs(temperature=f32, top_k=ints(), top_p=f32)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  decode = analyse(generate, params, prompt, mask, ints(rows), key, knobs,
+                   ints(Buckets().min_stop_ids), ints())
+  cache = jax.eval_shape(lambda: decoder.init_cache(config, rows, width + slots))
+  decode["flops"] = c.sampling.max_new_tokens * matmul_flops(
+      jax.jit(decode_step).trace(params, ints(rows, 1), ints(rows, 1), cache).jaxpr)
+  decode["xla_flops"] = None  # loops: XLA counts each body once
+  out = {"prefill": analyse(prefill, params, prompt, mask), "decode": decode}
+  for p in out.values():
+    p["peak_bytes"] += resident - param_bytes
+    # Traced at global shapes: the whole call's FLOPs, spread over the mesh at best.
+    p["flops_total"] = p["flops"]
+    p["flops"] = p["flops"] // mesh.size
+  out["prefill"]["shape"] = dict(prompts=unique, width=width)
+  out["decode"]["shape"] = dict(rows=rows, cache=width + slots, steps=c.sampling.max_new_tokens)
+  return out
+
+
+def no_fit_line(report: dict[str, Any]) -> str:
+  return (f"config {report['config']!r} needs {report['needed_bytes'] / GIB:.3g} GiB per device "
+          f"on mesh {report['mesh']}; the {report['device']} limit is "
+          f"{report['device_bytes'] / GIB:.3g} GiB (more fsdp devices, remat, micro_batches or "
+          "a smaller batch would lower it)")
+
+
+def table(report: dict[str, Any]) -> str:
+  """A short human summary of the report."""
+  lines = [f"{report['config']} ({report['model']}, {report['dtype']}, {report['policy']}) on "
+           f"{report['devices']} x {report['device']} mesh {report['mesh']}",
+           f"{'program':<11} {'peak GiB':>9} {'temp GiB':>9} {'TFLOP':>10} {'s@mfu':>8}"]
+  for name, p in report["programs"].items():
+    lines.append(f"{name:<11} {p['peak_bytes'] / GIB:>9.2f} {p['temp_bytes'] / GIB:>9.2f} "
+                 f"{p['flops'] / 1e12:>10.3g} {p['seconds']:>8.3g}")
+  lines.append(f"params {report['params_bytes'] / GIB:.2f} GiB, optimizer "
+               f"{report['opt_state_bytes'] / GIB:.2f} GiB, frozen "
+               f"{report['frozen_bytes'] / GIB:.2f} GiB per device; fits "
+               f"{report['device_bytes'] / GIB:.0f} GiB: {report['fits']}")
+  return "\n".join(lines)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  use_fake_devices(_DEVICES.value)
+  if jax.device_count() != _DEVICES.value:
+    raise UserInputError(f"--devices={_DEVICES.value} but jax already runs on "
+                         f"{jax.device_count()} devices; run plan in a fresh process")
+  target = parse_target(_DEVICE.value, _PEAK.value, _MFU.value)
+  c = _CONFIG.value
+  mesh = parse_mesh(_MESH.value) if _MESH.value else tuple(c.train.mesh)
+  report = plan(c, mesh, target, prompt_tokens=_PROMPT.value)
+  print(json.dumps(report, indent=1))
+  print(table(report), file=sys.stderr)
+  if not report["fits"]:
+    raise UserInputError(no_fit_line(report))
+
+
+if __name__ == "__main__":
+  cli.run(main)
