@@ -56,22 +56,22 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import app, flags
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 from ml_collections import config_flags
 
 from experiments import cli
-from marl_jax.algos import optim
 from marl_jax.algos.batch import BatchShape
 from marl_jax.errors import UserInputError
 from marl_jax.models import decoder, hf
 from marl_jax.models.config import PRESETS, ModelConfig
-from marl_jax.parallel import gradients, layouts, policies, sharding
+from marl_jax.parallel import layouts, policies, sharding
 from marl_jax.parallel import mesh as mesh_lib
-from marl_jax.parallel.train_step import TrainConfig, TrainState, guarded_update
+from marl_jax.parallel.train_step import TrainConfig, TrainFns, make_train_step
 from marl_jax.sampling.decode import Knobs, generate_tokens
 from marl_jax.sampling.params import SamplingParams
 from marl_jax.sampling.sampler import Buckets, Sampler, round_rows, round_up
 from marl_jax.training import config as config_lib
+from marl_jax.training import trainer
 from marl_jax.workflows.rollout import id_layout
 
 # name -> (memory GiB, dense bf16 peak TFLOP/s per device)
@@ -207,17 +207,6 @@ def policy_config(c: ml_collections.ConfigDict, built: config_lib.Built) -> poli
       critic=built.critic, critic_optim=built.critic_optim)
 
 
-def train_config(c: ml_collections.ConfigDict, built: config_lib.Built,
-                 policy: policies.PolicyConfig, shape: BatchShape) -> TrainConfig:
-  """The TrainConfig `trainer.Run` builds for this config."""
-  return TrainConfig(
-      policy=policy, advantage=built.advantage, loss=built.loss, space=shape.space,
-      agent_policies=tuple(built.spec.policy_id(a) for a in built.spec.agents),
-      temperature=config_lib.learner_temperature(c), micro_batches=c.train.micro_batches,
-      remat=c.train.remat, target_kl=c.train.target_kl, mini_batch_size=c.train.mini_batch_size,
-      epochs=c.train.epochs, recompute_old_logp=c.train.recompute_old_logp, tis_cap=c.train.tis_cap)
-
-
 @dataclasses.dataclass(frozen=True)
 class _Generation:
   prompt_ids: list[int]
@@ -242,18 +231,23 @@ def rollout_samples(c: ml_collections.ConfigDict, built: config_lib.Built, promp
                     ) -> list[_Sample]:
   """One step's samples at their most: every episode runs `max_turns` turns, every agent acts in
   each (tree: K replies per (problem, turn, agent); independent: K trajectories; magrpo_tree:
-  K^t joint actions at turn t), with `prompt_tokens` + `max_new_tokens` tokens each."""
+  K^t joint actions at turn t), with `prompt_tokens` + `max_new_tokens` tokens each. Prompts
+  are shared as the rollout shares them (train.share_prompts counts them): the K replies of a
+  tree node or of a MAGRPO node's joint actions, and the K trajectories' first turn."""
   spec, k, turns = built.spec, c.rollout.k, built.spec.max_turns
-  gen = _Generation([0] * prompt_tokens, [0] * c.sampling.max_new_tokens,
-                    [0.0] * c.sampling.max_new_tokens)
+  new = c.sampling.max_new_tokens
   trajs, _ = id_layout(c.rollout.mode, k, turns)
   per_turn = {"tree": lambda t: k, "independent": lambda t: k,
               "magrpo_tree": lambda t: k ** (t + 1)}[c.rollout.mode]
-  out = []
+  shared = {"tree": lambda t, j: 0, "independent": lambda t, j: 0 if t == 0 else j,
+            "magrpo_tree": lambda t, j: j // k}[c.rollout.mode]  # j's prompt among turn t's
+  out, prompt_ids = [], {}
   for problem in range(c.rollout.problems_per_step):
     for turn in range(turns):
       for j in range(per_turn(turn)):
         for a, agent in enumerate(spec.agents):
+          first = prompt_ids.setdefault((problem, turn, shared(turn, j), a), len(prompt_ids))
+          gen = _Generation([first] + [0] * (prompt_tokens - 1), [0] * new, [0.0] * new)
           out.append(_Sample(problem, problem * trajs + j % trajs, turn, a,
                              spec.policy_id(agent), gen))
   return out
@@ -289,30 +283,6 @@ def abstract_params(policy: policies.PolicyConfig, mesh: jax.sharding.Mesh) -> t
 
   jax.eval_shape(capture, trainable, frozen)
   return _abstract(trainable, mesh, specs[0][0]), _abstract(frozen, mesh, specs[0][1])
-
-
-def make_step(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> tuple[Any, Any]:
-  """(init_state, step) as `train_step.make_train_step` wires them (its jits are internal: this
-  is the same composition of `gradients.local_grads` and `guarded_update`), plain functions."""
-  pcfg = cfg.policy
-  parts = policies.make_optimizers(pcfg)
-  tx = optim.by_key(parts)
-  fsdp = mesh.shape[mesh_lib.FSDP]
-  spec = layouts.batch_spec(pcfg, mesh_lib.BATCH_AXES)
-
-  def init_state(trainable):
-    return TrainState(step=jnp.zeros((), jnp.int32), params=trainable,
-                      opt_state=tx.init(trainable), skipped=jnp.zeros((), jnp.int32))
-
-  def step(state, frozen, batch):
-    specs = policies.param_specs(pcfg, state.params, frozen, fsdp)
-    grads, metrics = jax.shard_map(
-        lambda p, f, b: gradients.local_grads(cfg, p, f, b, None, specs), mesh=mesh,
-        in_specs=(specs[0], specs[1], jax.tree.map(lambda _: spec, batch)),
-        out_specs=(specs[0], P()))(state.params, frozen, batch)
-    return guarded_update(cfg, tx, parts, state, grads, metrics)
-
-  return init_state, step
 
 
 def analyse(fn: Any, *args: Any, donate: tuple[int, ...] = ()) -> dict[str, Any]:
@@ -359,22 +329,22 @@ def setup(c: ml_collections.ConfigDict, mesh_sizes: tuple[int, int, int],
     built = config_lib.build(c)
     mesh = mesh_lib.make_mesh(*config_lib.mesh_shape(tuple(mesh_sizes), jax.device_count()))
     policy = policy_config(c, built)
-    trajs, branching = id_layout(c.rollout.mode, c.rollout.k, built.spec.max_turns)
   except UserInputError:
     raise
   except ValueError as e:
     raise UserInputError(str(e)) from None
-  shape = BatchShape(num_problems=c.rollout.problems_per_step, trajs_per_problem=trajs,
-                     branching=branching, max_turns=built.spec.max_turns,
-                     num_agents=len(built.spec.agents),
-                     multiple=mesh_lib.batch_shards(mesh) * c.train.micro_batches)
-  return Setup(built, mesh, policy, shape, train_config(c, built, policy, shape),
+  shape = trainer.batch_shape(c, built.spec, mesh_lib.batch_shards(mesh) * c.train.micro_batches)
+  return Setup(built, mesh, policy, shape, trainer.train_config(c, built, policy, shape),
                rollout_samples(c, built, prompt_tokens))
 
 
-def abstract_batch(s: Setup) -> Any:
-  """The step's TrainBatch of the stand-in samples, abstract, sharded over the sample axis."""
-  batch = layouts.build_batch(s.policy, s.samples, s.shape, [0] * len(s.policy.models))
+def abstract_batch(s: Setup, share_prompts: bool) -> Any:
+  """The step's TrainBatch of the stand-in samples, abstract, sharded over the sample axis
+  (with the trainer's distinct-prompt bound when the config shares prompts)."""
+  sizes = layouts.batch_sizes(s.policy, s.samples, s.shape)
+  prompts = layouts.prompt_bound(s.policy, s.samples, sizes[0]) if share_prompts else None
+  batch = layouts.build_batch(s.policy, s.samples, s.shape, [0] * len(s.policy.models), sizes,
+                              prompts)
   spec = layouts.batch_spec(s.policy, mesh_lib.BATCH_AXES)
   return _abstract(batch, s.mesh, jax.tree.map(lambda _: spec, batch))
 
@@ -385,11 +355,11 @@ def plan(c: ml_collections.ConfigDict, mesh_sizes: tuple[int, int, int], target:
   devices. Bad config values raise UserInputError."""
   s = setup(c, mesh_sizes, prompt_tokens)
   mesh, policy, cfg, samples = s.mesh, s.policy, s.train, s.samples
-  batch = abstract_batch(s)
+  batch = abstract_batch(s, c.train.share_prompts)
   trainable, frozen = abstract_params(policy, mesh)
-  init_state, step = make_step(cfg, mesh)
-  state = abstract_state(init_state, trainable)
-  train = analyse(step, state, frozen, batch, donate=(0,))
+  fns = make_train_step(cfg, mesh)
+  state = abstract_state(fns, trainable, mesh)
+  train = analyse(fns.update, state, frozen, batch, donate=(0,))
   train["flops"] *= c.train.epochs  # PPO epochs: one full-batch update each
   reference = 0  # a KL reference of full models: a frozen copy of the policy params
   if c.loss.kl_coef != 0.0 and not layouts.of(policy).adapters:
@@ -420,11 +390,17 @@ def batch_leaf(batch: Any, field: str) -> Any:
                                       is_leaf=lambda x: hasattr(x, field)))[0]
 
 
-def abstract_state(init_state: Any, trainable: Any) -> Any:
-  """The TrainState the trainer's `init` makes, abstract, with the shardings XLA gives it."""
-  compiled = jax.jit(init_state).lower(trainable).compile()
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      jax.eval_shape(init_state, trainable), compiled.output_shardings)
+def abstract_state(fns: TrainFns, trainable: Any, mesh: jax.sharding.Mesh) -> Any:
+  """The TrainState the trainer's `init` makes, abstract, with the shardings `init` gives it
+  (`TrainFns.state_specs`, computed on tracers: layouts index the leaves)."""
+  specs = []
+
+  def init(t):
+    specs.append(fns.state_specs(t))
+    return fns.init(t)
+
+  shapes = jax.eval_shape(init, trainable)
+  return _abstract(shapes, mesh, specs[0])
 
 
 def sampler_programs(c: ml_collections.ConfigDict, config: ModelConfig, mesh: jax.sharding.Mesh,

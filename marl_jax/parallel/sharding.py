@@ -60,6 +60,53 @@ def replicated(tree: Any) -> SpecTree:
   return jax.tree.map(lambda _: P(), tree)
 
 
+def _keys(path) -> tuple[Any, ...]:
+  return tuple(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))) for k in path)
+
+
+def state_specs(state: Any, params: Any, specs: SpecTree) -> SpecTree:
+  """Specs of an optimizer state over `params` (shapes suffice for both): each moment is split
+  like its param.
+
+  optax's mu / nu trees mirror the params they are given, under the optimizer's own keys
+  (`optim.by_key` hands each optimizer one entry of the params, `optim.per_policy` one policy's
+  slice). So a state leaf gets a param's spec when its key path ends with a suffix of that
+  param's path, the rest of the param's path appears in order before it, and its shape is the
+  param's or the param's without one unsharded axis (that axis then leaves the spec). The
+  longest such suffix wins; a leaf with no match or with matches of different specs (step
+  counts, anything ambiguous) is replicated: correct, only larger.
+  """
+  table: dict[tuple[Any, ...], list[tuple[tuple[Any, ...], tuple[int, ...], P]]] = {}
+  flat_specs = jax.tree.leaves(specs, is_leaf=_is_spec)
+  for (path, leaf), spec in zip(jax.tree_util.tree_flatten_with_path(params)[0], flat_specs):
+    keys = _keys(path)
+    for i in range(len(keys)):
+      table.setdefault(keys[i:], []).append((keys[:i], tuple(leaf.shape), spec))
+
+  def in_order(needles: tuple[Any, ...], hay: tuple[Any, ...]) -> bool:
+    rest = iter(hay)
+    return all(any(n == h for h in rest) for n in needles)
+
+  def spec_of(path, leaf) -> P:
+    keys, shape = _keys(path), tuple(leaf.shape)
+    for start in range(len(keys)):  # longest suffix first
+      found = set()
+      for prefix, p_shape, spec in table.get(keys[start:], ()):
+        if not in_order(prefix, keys[:start]):
+          continue
+        entries = tuple(spec) + (None,) * (len(p_shape) - len(tuple(spec)))
+        if p_shape == shape:
+          found.add(P(*entries))
+        for axis in range(len(p_shape)):
+          if entries[axis] is None and p_shape[:axis] + p_shape[axis + 1:] == shape:
+            found.add(P(*(entries[:axis] + entries[axis + 1:])))
+      if found:
+        return found.pop() if len(found) == 1 else P()
+    return P()
+
+  return jax.tree_util.tree_map_with_path(spec_of, state)
+
+
 def stacked(specs: SpecTree, n: int = 1) -> SpecTree:
   """Specs of the same leaves with `n` extra leading (unsharded) axes, e.g. a policy axis."""
   return jax.tree.map(lambda s: P(*((None,) * n + tuple(s))), specs, is_leaf=_is_spec)

@@ -159,6 +159,12 @@ class TrainFns(NamedTuple):
   init: Callable[[Any], TrainState]
   # (state, frozen, batch[, targets]) -> (state, metrics)
   step: Callable[..., tuple[TrainState, dict[str, jax.Array]]]
+  # trainable -> a TrainState of PartitionSpecs: the shardings `init` gives the state (params
+  # with their FSDP specs, optimizer moments split like their params), which `step` keeps.
+  state_specs: Callable[[Any], TrainState]
+  # (state, frozen, batch) -> (state, metrics): `step`'s computation, neither checked nor jitted,
+  # to lower for other shapes or devices (experiments/plan.py).
+  update: Callable[[TrainState, Any, Any], tuple[TrainState, dict[str, jax.Array]]]
   shard_params: Callable[[Any, Any], tuple[Any, Any]]  # (trainable, frozen) -> on the mesh
   shard_batch: Callable[[Any], Any]
   # (trainable, frozen, batch) -> (batch, RolloutTargets, advantage metrics): the once-per-rollout
@@ -295,20 +301,29 @@ def _reference_copy(adapters: bool) -> Callable[[Any], Any]:
 
 
 def _make_init(pcfg: policies.PolicyConfig, tx: optax.GradientTransformation, mesh: Mesh,
-               fsdp: int, compiler_options: dict[str, Any] | None) -> Callable[[Any], TrainState]:
-  """The `init` of `TrainFns`."""
+               fsdp: int, compiler_options: dict[str, Any] | None
+               ) -> tuple[Callable[[Any], TrainState], Callable[[Any], TrainState]]:
+  """The `init` and `state_specs` of `TrainFns`."""
 
-  @functools.partial(jax.jit, compiler_options=compiler_options)
   def init_state(trainable):
     return TrainState(step=jnp.zeros((), jnp.int32), params=trainable,
                       opt_state=tx.init(trainable), skipped=jnp.zeros((), jnp.int32))
 
+  def state_specs(trainable) -> TrainState:
+    """The optimizer's moments are split like their params (`sharding.state_specs`): left to
+    XLA, the zeros they start from carry no sharding and would be whole on every device."""
+    specs = policies.trainable_specs(pcfg, trainable, fsdp)
+    return TrainState(step=P(), params=specs, skipped=P(), opt_state=sharding.state_specs(
+        jax.eval_shape(tx.init, trainable), trainable, specs))
+
   def init(trainable):
     """The first TrainState (params placed with their FSDP specs; takes ownership of them)."""
-    return init_state(sharding.put(trainable, mesh,
-                                   policies.trainable_specs(pcfg, trainable, fsdp)))
+    specs = state_specs(trainable)
+    return jax.jit(init_state, out_shardings=sharding.named(mesh, specs),
+                   compiler_options=compiler_options)(
+                       sharding.put(trainable, mesh, specs.params))
 
-  return init
+  return init, state_specs
 
 
 def make_train_step(cfg: TrainConfig, mesh: Mesh,
@@ -376,8 +391,9 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
     specs = policies.param_specs(pcfg, trainable, frozen, fsdp)
     return sharding.put(trainable, mesh, specs[0]), sharding.put(frozen, mesh, specs[1])
 
+  init, state_specs = _make_init(pcfg, tx, mesh, fsdp, compiler_options)
   return TrainFns(
-      init=_make_init(pcfg, tx, mesh, fsdp, compiler_options), step=checked_step,
+      init=init, step=checked_step, state_specs=state_specs, update=step,
       shard_params=shard_params,
       shard_batch=lambda batch: sharding.put(batch, mesh, batch_specs(batch)),
       old_values=_checked(check, old_values) if pcfg.critic is not None else None,

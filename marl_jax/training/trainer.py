@@ -71,6 +71,29 @@ def problems(c: ml_collections.ConfigDict, first_seed: int, count: int,
           for i in (range(count) if ids is None else ids)]
 
 
+def batch_shape(c: ml_collections.ConfigDict, spec: WorkflowSpec, shards: int,
+                procs: int = 1) -> BatchShape:
+  """The static sizes of a step's batch on `procs` processes: each process's rows split into
+  `shards` / `procs` pieces (its devices x micro-batches)."""
+  trajs, branching = id_layout(c.rollout.mode, c.rollout.k, spec.max_turns)
+  return BatchShape(
+      num_problems=c.rollout.problems_per_step, trajs_per_problem=trajs, branching=branching,
+      max_turns=spec.max_turns, num_agents=len(spec.agents), multiple=shards // procs,
+      min_rows=max(1, BatchShape.min_rows // procs))
+
+
+def train_config(c: ml_collections.ConfigDict, built: config_lib.Built,
+                 policy: policies.PolicyConfig, shape: BatchShape) -> TrainConfig:
+  """The static configuration of the train step of config `c`."""
+  return TrainConfig(
+      policy=policy, advantage=built.advantage, loss=built.loss, space=shape.space,
+      agent_policies=tuple(built.spec.policy_id(a) for a in built.spec.agents),
+      temperature=config_lib.learner_temperature(c), micro_batches=c.train.micro_batches,
+      remat=c.train.remat, logits_chunk=c.train.logits_chunk, target_kl=c.train.target_kl,
+      mini_batch_size=c.train.mini_batch_size, epochs=c.train.epochs,
+      recompute_old_logp=c.train.recompute_old_logp, tis_cap=c.train.tis_cap)
+
+
 def load_team(c: ml_collections.ConfigDict, spec: WorkflowSpec, built: config_lib.Built
               ) -> tuple[policies.PolicyConfig, Any, list[Tokenizer]]:
   """The team's PolicyConfig, base params and one tokenizer per model config.
@@ -153,18 +176,8 @@ class Run:
                            f"micro_batches divisible by {procs} (got {shards})")
     self.dynamic = preflight.dynamic_sampling(c, built)  # one process only: preflight checked
     self.advantage = built.advantage.resolved()
-    trajs, branching = id_layout(c.rollout.mode, c.rollout.k, self.spec.max_turns)
-    self.shape = BatchShape(
-        num_problems=c.rollout.problems_per_step, trajs_per_problem=trajs, branching=branching,
-        max_turns=self.spec.max_turns, num_agents=len(self.spec.agents), multiple=shards // procs,
-        min_rows=max(1, BatchShape.min_rows // procs))
-    self.train_cfg = TrainConfig(
-        policy=self.policy, advantage=built.advantage, loss=built.loss, space=self.shape.space,
-        agent_policies=tuple(self.spec.policy_id(a) for a in self.spec.agents),
-        temperature=config_lib.learner_temperature(c), micro_batches=c.train.micro_batches,
-        remat=c.train.remat, logits_chunk=c.train.logits_chunk, target_kl=c.train.target_kl,
-        mini_batch_size=c.train.mini_batch_size, epochs=c.train.epochs,
-        recompute_old_logp=c.train.recompute_old_logp, tis_cap=c.train.tis_cap)
+    self.shape = batch_shape(c, self.spec, shards, procs)
+    self.train_cfg = train_config(c, built, self.policy, self.shape)
     self.fns = make_train_step(self.train_cfg, self.mesh)
     self.run_key = jax.random.key(c.seed)
     trainable, frozen = policies.init_params(self.policy, jax.random.fold_in(self.run_key, 1),

@@ -38,10 +38,11 @@ def tiny_config(preset: str = "mas_shared,cpu"):
 def planned_step(s: plan.Setup):
   """(abstract state, frozen, batch, step fn, analysis) of the plan's train step."""
   trainable, frozen = plan.abstract_params(s.policy, s.mesh)
-  init_state, step = plan.make_step(s.train, s.mesh)
-  state = plan.abstract_state(init_state, trainable)
-  batch = plan.abstract_batch(s)
-  return state, frozen, batch, step, plan.analyse(step, state, frozen, batch, donate=(0,))
+  fns = make_train_step(s.train, s.mesh)
+  state = plan.abstract_state(fns, trainable, s.mesh)
+  batch = plan.abstract_batch(s, share_prompts=False)
+  return state, frozen, batch, fns.update, plan.analyse(fns.update, state, frozen, batch,
+                                                         donate=(0,))
 
 
 def real_samples(s: plan.Setup, vocab: int, seed: int = 0):

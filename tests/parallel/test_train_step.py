@@ -44,6 +44,18 @@ def assert_close(got, want, rtol=1e-5):
     np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * max(np.max(np.abs(w)), 1e-30))
 
 
+def device_bytes(tree) -> int:
+  return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree))
+
+
+def assert_state_split_like_params(state):
+  """The optimizer state (`recording`'s last gradients + AdamW's two moments, 3 params-shaped
+  trees, and a few scalars) takes 3x the params' bytes on a device, not 3x the whole params."""
+  whole = sum(x.nbytes for x in jax.tree.leaves(state.params))
+  assert device_bytes(state.params) < whole / 2
+  assert device_bytes(state.opt_state) <= 3 * device_bytes(state.params) + 1024
+
+
 def recording(inner: optax.GradientTransformation) -> optax.GradientTransformation:
   """Wraps an optimizer so its state keeps the last gradients it was given."""
 
@@ -217,9 +229,10 @@ def test_meshes_and_micro_batches_match_one_device(shared_setup, mesh_shape, mic
                              rtol=1e-5)
   assert_close(grads, s["grads"])
   assert_close(state.params, s["state"].params)
-  if mesh_shape[1] > 1:  # FSDP: kernels really are sharded along 'fsdp'
+  if mesh_shape[1] > 1:  # FSDP: kernels really are sharded along 'fsdp', and so is the state
     kernel = state.params["policy"]["layers"]["mlp"]["up_proj"]["kernel"]
     assert "fsdp" in tuple(kernel.sharding.spec)
+    assert_state_split_like_params(state)
 
 
 @pytest.mark.parametrize("mesh_shape, micro_batches", [((1, 1, 1), 2), ((1, 2, 1), 1)])
@@ -257,7 +270,9 @@ def test_separate_models_on_fsdp_mesh(kind, shared):
   flat = make_flat_batch(one, policy_of_agent=(0, 1), shared=shared)
   # Pads each block to 16 rows (8 devices x 2 micro-batches), or keeps its 8 on one device.
   batch = arrange(cfg.policy, flat, multiple=1 if shared else 8 * 2)
-  grads, _, metrics = run_step(fns, trainable, frozen, batch)
+  grads, state, metrics = run_step(fns, trainable, frozen, batch)
+  if not shared:
+    assert_state_split_like_params(state)
   want = [reference(one, flat, flat.samples.agent_id == a) for a in range(A)]
   np.testing.assert_allclose(metrics["loss"], sum(loss for loss, _ in want), rtol=1e-5)
   for p, (_, g) in enumerate(want):
