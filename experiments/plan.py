@@ -10,12 +10,14 @@ that jax sees N devices. Params are `jax.eval_shape` of the policy init with the
 of `policies.param_specs`, so nothing of the model's size is allocated; each program is
 `jax.jit(...).lower(abstract).compile()` for the config's mesh:
 
-  train_step  the trainer's update on one rollout batch of the config's shapes (every episode runs
-              `max_turns` turns and every agent acts each turn: an upper bound), prompts of
-              `--prompt_tokens`, responses of `sampling.max_new_tokens`, bucketed as the trainer
-              buckets them. PPO mini-batches / epochs are planned as `epochs` full-batch updates;
-              the once-per-rollout forwards (recomputed old log-probs, KL reference, critic
-              values) are not counted, the KL reference's params are.
+  train_step  the trainer's own update (`TrainFns.update`) on one optimizer update's batch of
+              the config's shapes (every episode runs `max_turns` turns and every agent acts
+              each turn: an upper bound): the whole rollout, or with `train.mini_batch_size` one
+              mini-batch per policy block, its FLOPs times the updates of all epochs. Prompts of
+              `--prompt_tokens` (shared as the rollout shares them), responses of
+              `sampling.max_new_tokens`, bucketed as the trainer buckets them. The
+              once-per-rollout forwards (recomputed old log-probs, KL reference, critic values)
+              are not counted, the KL reference's params are.
   prefill     the sampler's prefill of the largest `generate` call's distinct prompts (the first
               policy's model, for a mapped team of several architectures).
   decode      the sampler's own `generate_tokens` program for that call (prefill, then the
@@ -34,11 +36,12 @@ one whatever the config's dtype. Prints JSON on stdout, a table on stderr, and
 exits 1 with one line when the config does not fit the device memory.
 
 Measured (2-core CPU, load ~2): Qwen3-1.7B AT-GRPO math (`mas_shared`, 2048 samples of 512 +
-2048 tokens, mesh 1,8,1) plans in ~35 s. SmolLM2-135M, 8 rows of 128 + 128 tokens, remat, one
+2048 tokens, mini-batches of 16, mesh 1,8,1) plans in ~35 s. SmolLM2-135M, 8 rows of 128 + 128 tokens, remat, one
 device: plan's train step 2.88 GiB (0.50 params + 1.00 AdamW + 1.38 temporaries), 1.94 TFLOP;
 `bench_train_step --modes jax_full_remat --random` at the same shapes: peak RSS 3.59 GiB (the
-rest: the Python / XLA runtime and host copies), 16.4 s per step (0.12 TFLOP/s achieved). Over 400 lines: flags, stand-in batch, the three programs and the report
-are one pipeline; split it when it grows.
+rest: the Python / XLA runtime and host copies), 16.4 s per step (0.12 TFLOP/s achieved).
+Over 400 lines: flags, stand-in batch, the three programs and the report are one pipeline; split
+it when it grows.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ from marl_jax.sampling.decode import Knobs, generate_tokens
 from marl_jax.sampling.params import SamplingParams
 from marl_jax.sampling.sampler import Buckets, Sampler, round_rows, round_up
 from marl_jax.training import config as config_lib
-from marl_jax.training import trainer
+from marl_jax.training import preflight, trainer
 from marl_jax.workflows.rollout import id_layout
 
 # name -> (memory GiB, dense bf16 peak TFLOP/s per device)
@@ -327,7 +330,9 @@ def setup(c: ml_collections.ConfigDict, mesh_sizes: tuple[int, int, int],
     raise UserInputError(f"--prompt_tokens={prompt_tokens}; expected an int >= 1")
   try:
     built = config_lib.build(c)
-    mesh = mesh_lib.make_mesh(*config_lib.mesh_shape(tuple(mesh_sizes), jax.device_count()))
+    sizes = config_lib.mesh_shape(tuple(mesh_sizes), jax.device_count())
+    preflight.check_mini_batch(c, sizes)
+    mesh = mesh_lib.make_mesh(*sizes)
     policy = policy_config(c, built)
   except UserInputError:
     raise
@@ -338,12 +343,24 @@ def setup(c: ml_collections.ConfigDict, mesh_sizes: tuple[int, int, int],
                rollout_samples(c, built, prompt_tokens))
 
 
-def abstract_batch(s: Setup, share_prompts: bool) -> Any:
-  """The step's TrainBatch of the stand-in samples, abstract, sharded over the sample axis
-  (with the trainer's distinct-prompt bound when the config shares prompts)."""
-  sizes = layouts.batch_sizes(s.policy, s.samples, s.shape)
-  prompts = layouts.prompt_bound(s.policy, s.samples, sizes[0]) if share_prompts else None
-  batch = layouts.build_batch(s.policy, s.samples, s.shape, [0] * len(s.policy.models), sizes,
+def update_samples(s: Setup, mini_batch_size: int | None) -> tuple[list[_Sample], int]:
+  """(the samples of one optimizer update, updates per epoch): the whole rollout, or with PPO
+  mini-batches the first `mini_batch_size` samples of each policy block and as many updates as
+  the fullest block needs (`parallel/minibatch.plan`; every sample counted as kept)."""
+  if mini_batch_size is None:
+    return s.samples, 1
+  blocks = layouts.of(s.policy).blocks(s.policy, s.samples)
+  return ([x for b in blocks for x in b[:mini_batch_size]],
+          -(-max(len(b) for b in blocks) // mini_batch_size))
+
+
+def abstract_batch(s: Setup, share_prompts: bool, samples: list[_Sample] | None = None) -> Any:
+  """The step's TrainBatch of `samples` (default: the stand-in rollout), abstract, sharded over
+  the sample axis (with the trainer's distinct-prompt bound when the config shares prompts)."""
+  samples = s.samples if samples is None else samples
+  sizes = layouts.batch_sizes(s.policy, samples, s.shape)
+  prompts = layouts.prompt_bound(s.policy, samples, sizes[0]) if share_prompts else None
+  batch = layouts.build_batch(s.policy, samples, s.shape, [0] * len(s.policy.models), sizes,
                               prompts)
   spec = layouts.batch_spec(s.policy, mesh_lib.BATCH_AXES)
   return _abstract(batch, s.mesh, jax.tree.map(lambda _: spec, batch))
@@ -355,12 +372,13 @@ def plan(c: ml_collections.ConfigDict, mesh_sizes: tuple[int, int, int], target:
   devices. Bad config values raise UserInputError."""
   s = setup(c, mesh_sizes, prompt_tokens)
   mesh, policy, cfg, samples = s.mesh, s.policy, s.train, s.samples
-  batch = abstract_batch(s, c.train.share_prompts)
+  update, updates = update_samples(s, c.train.mini_batch_size)
+  batch = abstract_batch(s, c.train.share_prompts, update)
   trainable, frozen = abstract_params(policy, mesh)
   fns = make_train_step(cfg, mesh)
   state = abstract_state(fns, trainable, mesh)
   train = analyse(fns.update, state, frozen, batch, donate=(0,))
-  train["flops"] *= c.train.epochs  # PPO epochs: one full-batch update each
+  train["flops"] *= updates * c.train.epochs  # every update of every PPO epoch
   reference = 0  # a KL reference of full models: a frozen copy of the policy params
   if c.loss.kl_coef != 0.0 and not layouts.of(policy).adapters:
     reference = device_bytes(state.params["policy"])

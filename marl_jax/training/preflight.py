@@ -23,7 +23,7 @@ def check(c: ml_collections.ConfigDict, workdir: str) -> config_lib.Built:
   """Everything about the run's inputs that can be checked before loading; returns the built
   config. Raises UserInputError naming the bad value."""
   built = config_lib.build(c)
-  config_lib.mesh_shape(tuple(c.train.mesh), jax.device_count())
+  check_mini_batch(c, config_lib.mesh_shape(tuple(c.train.mesh), jax.device_count()))
   procs = jax.process_count()
   if dynamic_sampling(c, built) and procs > 1:
     raise UserInputError(f"DAPO dynamic sampling (config.rollout.max_refills="
@@ -35,6 +35,17 @@ def check(c: ml_collections.ConfigDict, workdir: str) -> config_lib.Built:
     registry.problem_kwargs(c.env.name, c.env.workflow, c.env.max_turns, 0,
                             config_lib.env_kwargs(c, for_eval))
   return built
+
+
+def check_mini_batch(c: ml_collections.ConfigDict, mesh: tuple[int, int, int]) -> None:
+  """A mini-batch splits evenly over the (data, fsdp, tensor) mesh's sample shards (data x fsdp)
+  and each device's micro-batches."""
+  shards = mesh[0] * mesh[1] * c.train.micro_batches
+  size = c.train.mini_batch_size
+  if size is not None and size % shards:
+    raise UserInputError(f"config.train.mini_batch_size={size} does not split into data x fsdp "
+                         f"x micro_batches = {mesh[0]} x {mesh[1]} x {c.train.micro_batches} = "
+                         f"{shards} pieces; expected a multiple of {shards}")
 
 
 def dynamic_sampling(c: ml_collections.ConfigDict, built: config_lib.Built) -> bool:

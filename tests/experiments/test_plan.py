@@ -124,6 +124,22 @@ def test_train_step_flops_match_a_derivation():
   assert planned["xla_flops"] < 0.8 * planned["flops"]
 
 
+def test_mini_batches_plan_one_update_and_count_every_update():
+  """16 samples in mini-batches of 8 over 2 epochs: the planned step holds 8 rows and counts 4
+  updates, i.e. the FLOPs of 2 full-batch updates (linear in rows); memory is one mini-batch's."""
+  target = plan.parse_target("h100", None, 0.4)
+  reports = {}
+  for mini in (None, 8):
+    c = tiny_config()
+    c.train.mini_batch_size, c.train.epochs, c.train.share_prompts = mini, 2, False
+    reports[mini] = plan.plan(c, (8, 1, 1), target, prompt_tokens=PROMPT)
+  assert reports[8]["train_batch"]["response"][0] == 8
+  assert reports[None]["train_batch"]["response"][0] == 16
+  full, mini = (reports[k]["programs"]["train_step"] for k in (None, 8))
+  np.testing.assert_allclose(mini["flops"], full["flops"], rtol=0.01)
+  assert mini["temp_bytes"] < full["temp_bytes"]
+
+
 def test_matmul_flops_count_scan_trip_counts():
   w = jax.ShapeDtypeStruct((5, 16, 24), jnp.float32)
   x = jax.ShapeDtypeStruct((3, 16), jnp.float32)

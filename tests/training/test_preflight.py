@@ -106,6 +106,17 @@ def test_check_reads_the_datasets_before_loading(tmp_path):
     preflight.check(c, str(tmp_path / "run"))
 
 
+def test_mini_batches_must_split_over_the_mesh(tmp_path):
+  """8 devices (conftest) on the default (-1, 1, 1) mesh, 2 micro-batches: 16 pieces."""
+  c = config_lib.base_config()
+  c.train.micro_batches, c.train.mini_batch_size = 2, 24
+  with pytest.raises(UserInputError, match=r"config.train.mini_batch_size=24 does not split into "
+                                           r"data x fsdp x micro_batches = 8 x 1 x 2 = 16 pieces"):
+    preflight.check(c, str(tmp_path / "run"))
+  c.train.mini_batch_size = 32
+  preflight.check(c, str(tmp_path / "run"))
+
+
 def test_dynamic_sampling_needs_one_process(tmp_path, monkeypatch):
   """DAPO refills run on one process: refused before loading when two processes share the run."""
   c = config_lib.base_config()
