@@ -25,7 +25,7 @@ SpecTree = Any  # a params-shaped pytree of PartitionSpec
 MIN_SHARD_ELEMENTS = 1024
 
 
-def _is_spec(x) -> bool:
+def is_spec(x) -> bool:
   return isinstance(x, P)
 
 
@@ -77,7 +77,7 @@ def state_specs(state: Any, params: Any, specs: SpecTree) -> SpecTree:
   counts, anything ambiguous) is replicated: correct, only larger.
   """
   table: dict[tuple[Any, ...], list[tuple[tuple[Any, ...], tuple[int, ...], P]]] = {}
-  flat_specs = jax.tree.leaves(specs, is_leaf=_is_spec)
+  flat_specs = jax.tree.leaves(specs, is_leaf=is_spec)
   for (path, leaf), spec in zip(jax.tree_util.tree_flatten_with_path(params)[0], flat_specs):
     keys = _keys(path)
     for i in range(len(keys)):
@@ -109,7 +109,7 @@ def state_specs(state: Any, params: Any, specs: SpecTree) -> SpecTree:
 
 def stacked(specs: SpecTree, n: int = 1) -> SpecTree:
   """Specs of the same leaves with `n` extra leading (unsharded) axes, e.g. a policy axis."""
-  return jax.tree.map(lambda s: P(*((None,) * n + tuple(s))), specs, is_leaf=_is_spec)
+  return jax.tree.map(lambda s: P(*((None,) * n + tuple(s))), specs, is_leaf=is_spec)
 
 
 def _gather_leaf(x: jax.Array, spec: P, drop: int) -> jax.Array:
@@ -123,7 +123,7 @@ def _gather_leaf(x: jax.Array, spec: P, drop: int) -> jax.Array:
 def gather(tree: Any, specs: SpecTree, drop: int = 0) -> Any:
   """Whole leaves from their FSDP shards (inside shard_map). `drop`: leading spec axes absent
   from the leaves, e.g. 1 for one layer's slice of stacked layers."""
-  return jax.tree.map(lambda s, x: _gather_leaf(x, s, drop), specs, tree, is_leaf=_is_spec)
+  return jax.tree.map(lambda s, x: _gather_leaf(x, s, drop), specs, tree, is_leaf=is_spec)
 
 
 def gather_outside_layers(params: Params, specs: SpecTree) -> Params:
@@ -134,14 +134,14 @@ def gather_outside_layers(params: Params, specs: SpecTree) -> Params:
 def layer_hook(specs: SpecTree) -> LayerHook | None:
   """The decoder's per-layer hook that gathers one layer's FSDP shards inside the scan."""
   layer_specs = specs["layers"]
-  if all(FSDP not in tuple(s) for s in jax.tree.leaves(layer_specs, is_leaf=_is_spec)):
+  if all(FSDP not in tuple(s) for s in jax.tree.leaves(layer_specs, is_leaf=is_spec)):
     return None
   return lambda layer_params: gather(layer_params, layer_specs, drop=1)
 
 
 def named(mesh: Mesh, specs: SpecTree) -> Any:
   """NamedSharding per leaf."""
-  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=_is_spec)
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=is_spec)
 
 
 def put(tree: Any, mesh: Mesh, specs: SpecTree) -> Any:

@@ -316,12 +316,16 @@ def _make_init(pcfg: policies.PolicyConfig, tx: optax.GradientTransformation, me
     return TrainState(step=P(), params=specs, skipped=P(), opt_state=sharding.state_specs(
         jax.eval_shape(tx.init, trainable), trainable, specs))
 
+  init_jits: dict[Any, Any] = {}  # one compiled init per state structure and specs
+
   def init(trainable):
     """The first TrainState (params placed with their FSDP specs; takes ownership of them)."""
     specs = state_specs(trainable)
-    return jax.jit(init_state, out_shardings=sharding.named(mesh, specs),
-                   compiler_options=compiler_options)(
-                       sharding.put(trainable, mesh, specs.params))
+    key = (jax.tree.structure(trainable), tuple(jax.tree.leaves(specs, is_leaf=sharding.is_spec)))
+    if key not in init_jits:
+      init_jits[key] = jax.jit(init_state, out_shardings=sharding.named(mesh, specs),
+                               compiler_options=compiler_options)
+    return init_jits[key](sharding.put(trainable, mesh, specs.params))
 
   return init, state_specs
 
