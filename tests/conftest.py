@@ -8,3 +8,26 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("WANDB_MODE", "disabled")
+
+
+import jax  # noqa: E402  (after the flags above)
+import pytest  # noqa: E402
+from jax.experimental.compilation_cache import compilation_cache  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def shared_compiles(tmp_path_factory):
+  """A persistent compilation cache for one module's runs, restored afterwards: trainer runs
+  that build the same step again (resumes, runs compared with each other) load its programs
+  instead of compiling them. Use with `pytestmark = pytest.mark.usefixtures("shared_compiles")`."""
+  names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+           "jax_persistent_cache_min_entry_size_bytes")
+  saved = {n: getattr(jax.config, n) for n in names}
+  compilation_cache.reset_cache()
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  yield
+  for n, value in saved.items():
+    jax.config.update(n, value)
+  compilation_cache.reset_cache()

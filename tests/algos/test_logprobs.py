@@ -49,8 +49,8 @@ def test_logprobs_entropy_and_gradients_match_numpy(chunk):
     logp, ent = logprobs.token_logprobs_from_hidden(p, CONFIG, h, response, TEMP, True, chunk)
     return jnp.sum(weights * logp), (logp, ent)
 
-  (_, (logp, ent)), (g_params, g_hidden) = jax.value_and_grad(loss, (0, 1), has_aux=True)(
-      params, jnp.asarray(hidden))
+  grad = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))
+  (_, (logp, ent)), (g_params, g_hidden) = grad(params, jnp.asarray(hidden))
   want_logp, want_ent, want_gh, want_ge = numpy_reference(
       np.asarray(params["embed_tokens"]["embedding"]), hidden, response, weights)
   np.testing.assert_allclose(logp, want_logp, rtol=1e-5, atol=1e-5)
@@ -123,7 +123,7 @@ def test_shared_prompts_match_full_forward(use_lora):
   with per-row adapters, a prompt under two adapters is two prompts."""
   from marl_jax.models import lora
   rng = np.random.default_rng(1)
-  prompt, prompt_mask, response = _group_batch(rng)
+  prompt, prompt_mask, response = map(jnp.asarray, _group_batch(rng))
   params = decoder.init_params(CONFIG, jax.random.key(0), scale=0.2)
   weights = rng.normal(size=response.shape).astype(np.float32)
   lora_cfg = lora.LoraConfig(rank=2, alpha=4.0)
@@ -142,7 +142,7 @@ def test_shared_prompts_match_full_forward(use_lora):
       logp = _full_logp(params, prompt, prompt_mask, response, adapters)
     return jnp.sum(weights * logp), logp
 
-  grad = jax.value_and_grad(loss, (0, 1), has_aux=True)
+  grad = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True), static_argnums=2)
   (_, got), got_grads = grad(params, lora_params, True)
   (_, want), want_grads = grad(params, lora_params, False)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

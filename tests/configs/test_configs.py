@@ -19,7 +19,6 @@ import math
 
 import jax
 import pytest
-from jax.experimental.compilation_cache import compilation_cache
 
 import toy_task
 from configs import atgrpo_games, common
@@ -33,6 +32,8 @@ from marl_jax.traces import replay, store
 from marl_jax.traces.schema import validate
 from marl_jax.workflows import registry
 from marl_jax.workflows.rollout import Generation
+
+pytestmark = pytest.mark.usefixtures("shared_compiles")  # conftest
 
 
 def _module(name: str):
@@ -319,22 +320,6 @@ def model_dir(tmp_path_factory):
   path = str(tmp_path_factory.mktemp("tiny_model"))
   toy_task.write_tiny_model(path)
   return path
-
-
-@pytest.fixture(scope="module", autouse=True)
-def shared_compiles(tmp_path_factory):
-  """A persistent compilation cache for this module's runs, restored afterwards."""
-  names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-           "jax_persistent_cache_min_entry_size_bytes")
-  saved = {n: getattr(jax.config, n) for n in names}
-  compilation_cache.reset_cache()
-  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  yield
-  for n, value in saved.items():
-    jax.config.update(n, value)
-  compilation_cache.reset_cache()
 
 
 def _cpu_run(name: str, model_dir: str):

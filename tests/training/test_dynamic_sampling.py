@@ -23,6 +23,8 @@ from marl_jax.training.metrics import read_metrics
 from marl_jax.workflows import registry
 from marl_jax.workflows.rollout import Generation, RolloutResult, Sample
 
+pytestmark = pytest.mark.usefixtures("shared_compiles")  # conftest
+
 SPARSE = "toy_sparse_vowels"
 
 

@@ -22,6 +22,8 @@ from marl_jax.training import config as config_lib
 from marl_jax.training import trainer
 from marl_jax.workflows import registry
 
+pytestmark = pytest.mark.usefixtures("shared_compiles")  # conftest
+
 PAIR = "toy_kl_pair"
 
 

@@ -38,6 +38,8 @@ from marl_jax.training import trainer
 from marl_jax.training.metrics import read_metrics
 from marl_jax.workflows import registry
 
+pytestmark = pytest.mark.usefixtures("shared_compiles")  # conftest
+
 PAIR = "toy_vowel_pair"
 QWEN_PAD = 0  # '<|endoftext|>'; the SmolLM2 tokenizer itself pads with 2 ('<|im_end|>')
 

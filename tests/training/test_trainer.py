@@ -17,6 +17,8 @@ from marl_jax.training import config as config_lib
 from marl_jax.training import trainer
 from marl_jax.training.metrics import read_metrics
 
+pytestmark = pytest.mark.usefixtures("shared_compiles")  # conftest
+
 WORKER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "resume_worker.py")
 STEPS = 4
 
@@ -146,7 +148,7 @@ def test_mini_batch_updates_resume_exactly(model_dir, tmp_path):
 
 def test_shared_prompts_train_like_unshared(model_dir, tmp_path, monkeypatch):
   """train.share_prompts computes each group's prompt once in the learner's forwards: one
-  problem x K = 32 samples on 8 devices, so the recompute pass and the update (4 rows per
+  problem x K = 16 samples on 8 devices, so the recompute pass and the update (2 rows per
   device) run one prompt row per device. They give the train metrics of an unshared run to
   float32 rounding (as tests/parallel/test_multihost compares runs whose programs differ), from
   the same rollout. One update: after an AdamW step, rounding-level gradient differences in
@@ -154,7 +156,7 @@ def test_shared_prompts_train_like_unshared(model_dir, tmp_path, monkeypatch):
 
   def config(share):
     c = toy_task.toy_config(model_dir, steps=1)
-    c.rollout.problems_per_step, c.rollout.k = 1, 32
+    c.rollout.problems_per_step, c.rollout.k = 1, 16
     c.train.recompute_old_logp = True
     c.train.share_prompts = share
     return c
