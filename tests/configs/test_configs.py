@@ -17,7 +17,6 @@ import itertools
 import json
 import math
 
-import jax
 import pytest
 
 import toy_task
