@@ -59,7 +59,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import app, flags
-from jax.sharding import NamedSharding
 from ml_collections import config_flags
 
 from experiments import cli
@@ -71,7 +70,6 @@ from marl_jax.parallel import layouts, policies, sharding
 from marl_jax.parallel import mesh as mesh_lib
 from marl_jax.parallel.train_step import TrainConfig, TrainFns, make_train_step
 from marl_jax.sampling.decode import Knobs, generate_tokens
-from marl_jax.sampling.params import SamplingParams
 from marl_jax.sampling.sampler import Buckets, Sampler, round_rows, round_up
 from marl_jax.training import config as config_lib
 from marl_jax.training import preflight, trainer
@@ -80,7 +78,6 @@ from marl_jax.workflows.rollout import id_layout
 # name -> (memory GiB, dense bf16 peak TFLOP/s per device)
 DEVICES = {"h100": (80.0, 989.0), "v5e": (16.0, 197.0), "v4": (32.0, 275.0)}
 GIB = 2**30
-SAMPLER_DECODE_BLOCK = 64  # `Sampler`'s default decode_block (LLMPolicy keeps it)
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file: configs/NAME.py[:PRESET].", lock_config=True)
@@ -197,17 +194,8 @@ def model_config(name: str, dtype: str) -> ModelConfig:
 
 def policy_config(c: ml_collections.ConfigDict, built: config_lib.Built) -> policies.PolicyConfig:
   """The team's PolicyConfig as `trainer.load_team` builds it, from architectures only."""
-  spec, num = built.spec, built.spec.num_policies
-  if layouts.of(c.policy).per_policy_models:
-    names = tuple(c.policy.models) or (c.model,) * num
-    policy_names = tuple("+".join(a for a in spec.agents if spec.policy_id(a) == p)
-                         for p in range(num))
-  else:
-    names, policy_names = (c.model,), ()
-  return policies.PolicyConfig(
-      kind=c.policy.kind, models=tuple(model_config(n, c.dtype) for n in names),
-      num_policies=num, names=policy_names, lora=built.lora, optim=(built.optim,),
-      critic=built.critic, critic_optim=built.critic_optim)
+  return trainer.policy_config(c, built, [model_config(n, c.dtype)
+                                          for n in trainer.team_names(c, built.spec)[0]])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,9 +257,8 @@ def sampler_call(c: ml_collections.ConfigDict, turns: int, prompt_tokens: int,
 
 
 def _abstract(tree: Any, mesh: jax.sharding.Mesh, specs: Any) -> Any:
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                        sharding=NamedSharding(mesh, s)),
-                      tree, specs)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      tree, sharding.named(mesh, specs))
 
 
 def abstract_params(policy: policies.PolicyConfig, mesh: jax.sharding.Mesh) -> tuple[Any, Any]:
@@ -446,19 +433,17 @@ def sampler_programs(c: ml_collections.ConfigDict, config: ModelConfig, mesh: ja
     hidden, cache = decoder.hidden_states(params, tokens, positions, config, cache=cache)
     return decoder.lm_logits(params, hidden[:, 0], config), cache
 
-  sampling = SamplingParams(max_new_tokens=c.sampling.max_new_tokens,
-                            temperature=c.sampling.temperature, top_p=c.sampling.top_p,
-                            top_k=c.sampling.top_k)
-  sampler = Sampler(config)  # its defaults: buckets, decode blocks, top candidates
+  sampling = trainer.sampling_params(c, c.sampling.temperature, c.sampling.top_p)
+  sampler = Sampler(config)  # its defaults (LLMPolicy's): buckets, decode blocks, top candidates
   generate = functools.partial(
-      generate_tokens, config=config, pad_id=sampler.pad_id, block=SAMPLER_DECODE_BLOCK,
+      generate_tokens, config=config, pad_id=sampler.pad_id, block=sampler.decode_block,
       candidates=sampler.top_candidates, new_slots=slots, greedy=sampling.greedy,
       truncates=sampling.truncates)
   f32 = jax.ShapeDtypeStruct((), jnp.float32)
   knobs = Knobs(temperature=f32, top_k=ints(), top_p=f32)
   key = jax.eval_shape(lambda: jax.random.key(0))
   decode = analyse(generate, params, prompt, mask, ints(rows), key, knobs,
-                   ints(Buckets().min_stop_ids), ints())
+                   ints(sampler.buckets.min_stop_ids), ints())
   cache = jax.eval_shape(lambda: decoder.init_cache(config, rows, width + slots))
   decode["flops"] = c.sampling.max_new_tokens * matmul_flops(
       jax.jit(decode_step).trace(params, ints(rows, 1), ints(rows, 1), cache).jaxpr)

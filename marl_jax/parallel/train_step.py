@@ -19,8 +19,9 @@ Inside the shard_map each device holds a slice of the samples and FSDP shards of
 accumulated over micro-batches (log-probs recomputed by a teacher-forced forward, params gathered
 layer by layer inside the layer scan; autodiff turns the FSDP gathers into reduce-scatters) and
 metrics. Then, outside the shard_map but in the same jit, `guarded_update` applies the optax
-update (XLA shards it like the params) behind the guards: if the loss or any gradient is not
-finite, params and optimizer state come back bitwise unchanged and `state.skipped` counts it;
+update (the optimizer state is split like the params: `init` places it so, the step keeps its
+shardings) behind the guards: if the loss or any gradient is not finite, params and optimizer
+state come back bitwise unchanged and `state.skipped` counts it;
 with `target_kl`, a policy step whose approximate KL exceeds it is skipped (the critic still
 trains), as MARFT does. `make_train_step` only wires these with the mesh, the shardings and the
 host-side batch checks (`layouts.validate_batch`).
@@ -43,7 +44,7 @@ from marl_jax.algos import losses, optim
 from marl_jax.algos.advantage_config import AdvantageConfig
 from marl_jax.algos.batch import GroupSpace, TrainBatch
 from marl_jax.parallel import gradients, layouts, policies, sharding
-from marl_jax.parallel.mesh import BATCH_AXES, FSDP, batch_shards
+from marl_jax.parallel.mesh import BATCH_AXES, DATA, FSDP, batch_shards
 
 __all__ = ["TrainConfig", "TrainFns", "TrainState", "guarded_update", "make_train_step"]
 
@@ -330,6 +331,16 @@ def _make_init(pcfg: policies.PolicyConfig, tx: optax.GradientTransformation, me
   return init, state_specs
 
 
+def check_mini_batch(size: int | None, data: int, fsdp: int, micro_batches: int,
+                     field: str = "mini_batch_size") -> None:
+  """A mini-batch of `size` rows splits evenly over the sample shards (data x fsdp devices) and
+  each device's micro-batches; `field` names the value in the error."""
+  shards = data * fsdp * micro_batches
+  if size is not None and size % shards:
+    raise ValueError(f"{field}={size} does not split into data x fsdp x micro_batches = {data} x "
+                     f"{fsdp} x {micro_batches} = {shards} pieces; expected a multiple of {shards}")
+
+
 def make_train_step(cfg: TrainConfig, mesh: Mesh,
                     optimizer: optax.GradientTransformation | None = None,
                     compiler_options: dict[str, Any] | None = None) -> TrainFns:
@@ -351,9 +362,7 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
   tx = optim.by_key(parts) if optimizer is None else optimizer
   fsdp = mesh.shape[FSDP]
   shards = batch_shards(mesh) * cfg.micro_batches
-  if cfg.mini_batch_size is not None and cfg.mini_batch_size % shards:
-    raise ValueError(f"mini_batch_size={cfg.mini_batch_size} does not split into devices x "
-                     f"micro_batches = {shards}; expected a multiple of {shards}")
+  check_mini_batch(cfg.mini_batch_size, mesh.shape[DATA], fsdp, cfg.micro_batches)
   spec = layouts.batch_spec(pcfg, BATCH_AXES)
   batch_specs = functools.partial(_batch_specs, spec)
   sharded = functools.partial(_sharded, mesh, pcfg, fsdp, batch_specs)

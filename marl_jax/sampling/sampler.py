@@ -131,6 +131,7 @@ class Sampler:
     self.config = config
     self.tokenizer = tokenizer
     self.buckets = buckets
+    self.decode_block = decode_block
     self.top_candidates = top_candidates
     self.share_prompts = share_prompts
     self.pad_id = 0 if tokenizer is None else int(tokenizer.pad_id)

@@ -15,6 +15,7 @@ import jax
 import ml_collections
 
 from marl_jax.errors import UserInputError
+from marl_jax.parallel import train_step
 from marl_jax.training import config as config_lib
 from marl_jax.workflows import registry
 
@@ -38,14 +39,13 @@ def check(c: ml_collections.ConfigDict, workdir: str) -> config_lib.Built:
 
 
 def check_mini_batch(c: ml_collections.ConfigDict, mesh: tuple[int, int, int]) -> None:
-  """A mini-batch splits evenly over the (data, fsdp, tensor) mesh's sample shards (data x fsdp)
-  and each device's micro-batches."""
-  shards = mesh[0] * mesh[1] * c.train.micro_batches
-  size = c.train.mini_batch_size
-  if size is not None and size % shards:
-    raise UserInputError(f"config.train.mini_batch_size={size} does not split into data x fsdp "
-                         f"x micro_batches = {mesh[0]} x {mesh[1]} x {c.train.micro_batches} = "
-                         f"{shards} pieces; expected a multiple of {shards}")
+  """The train step's mini-batch split (`train_step.check_mini_batch`) on the (data, fsdp,
+  tensor) mesh sizes, before the step is built."""
+  try:
+    train_step.check_mini_batch(c.train.mini_batch_size, mesh[0], mesh[1], c.train.micro_batches,
+                                field="config.train.mini_batch_size")
+  except ValueError as e:
+    raise UserInputError(str(e)) from None
 
 
 def dynamic_sampling(c: ml_collections.ConfigDict, built: config_lib.Built) -> bool:

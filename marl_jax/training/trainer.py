@@ -32,6 +32,7 @@ import json
 import os
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -42,6 +43,7 @@ from absl import logging
 from marl_jax.algos.batch import BatchShape
 from marl_jax.errors import UserInputError
 from marl_jax.models import loading
+from marl_jax.models.config import ModelConfig
 from marl_jax.models.tokenizer import Tokenizer
 from marl_jax.parallel import distributed, layouts, minibatch, multihost, policies
 from marl_jax.parallel import mesh as mesh_lib
@@ -94,18 +96,36 @@ def train_config(c: ml_collections.ConfigDict, built: config_lib.Built,
       recompute_old_logp=c.train.recompute_old_logp, tis_cap=c.train.tis_cap)
 
 
-def load_team(c: ml_collections.ConfigDict, spec: WorkflowSpec, built: config_lib.Built
-              ) -> tuple[policies.PolicyConfig, Any, list[Tokenizer]]:
-  """The team's PolicyConfig, base params and one tokenizer per model config.
-
-  A mapped team loads `c.policy.models` (one per policy, agent order; empty: `c.model` for each)
-  and names each policy after its agents, so its params and batch dicts read as the roles. A
-  model named twice is read once and copied: the train step donates its state, and two policies
-  must never share one buffer.
-  """
-  mapped = layouts.of(c.policy).per_policy_models
+def team_names(c: ml_collections.ConfigDict, spec: WorkflowSpec
+               ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """(the model of each model config, the policy names). A mapped team has one model per policy,
+  `c.policy.models` in agent order (empty: `c.model` for each), and names each policy after its
+  agents, so its params and batch dicts read as the roles; other teams have `c.model` and no
+  names."""
+  if not layouts.of(c.policy).per_policy_models:
+    return (c.model,), ()
   num = spec.num_policies
-  names = (tuple(c.policy.models) or (c.model,) * num) if mapped else (c.model,)
+  return (tuple(c.policy.models) or (c.model,) * num,
+          tuple("+".join(a for a in spec.agents if spec.policy_id(a) == p) for p in range(num)))
+
+
+def policy_config(c: ml_collections.ConfigDict, built: config_lib.Built,
+                  models: Sequence[ModelConfig]) -> policies.PolicyConfig:
+  """The team's PolicyConfig over the architectures of `team_names(...)[0]`."""
+  return policies.PolicyConfig(
+      kind=c.policy.kind, models=tuple(models), num_policies=built.spec.num_policies,
+      names=team_names(c, built.spec)[1], lora=built.lora, optim=(built.optim,),
+      critic=built.critic, critic_optim=built.critic_optim)
+
+
+def load_team(c: ml_collections.ConfigDict, built: config_lib.Built
+              ) -> tuple[policies.PolicyConfig, Any, list[Tokenizer]]:
+  """The team's PolicyConfig, base params and one tokenizer per model config (`team_names`).
+
+  A model named twice is read once and copied: the train step donates its state, and two
+  policies must never share one buffer.
+  """
+  names, policy_names = team_names(c, built.spec)
   loaded: dict[str, loading.LoadedModel] = {}
   params = []
   for name in names:
@@ -115,17 +135,14 @@ def load_team(c: ml_collections.ConfigDict, spec: WorkflowSpec, built: config_li
       loaded[name] = loading.load_model(name, dtype=c.dtype)
       params.append(loaded[name].params)
   models = [loaded[name] for name in names]
-  policy_names = tuple("+".join(a for a in spec.agents if spec.policy_id(a) == p)
-                       for p in range(num)) if mapped else ()
-  policy = policies.PolicyConfig(
-      kind=c.policy.kind, models=tuple(m.config for m in models), num_policies=num,
-      names=policy_names, lora=built.lora, optim=(built.optim,), critic=built.critic,
-      critic_optim=built.critic_optim)
-  base = dict(zip(policy_names, params)) if mapped else params[0]
+  policy = policy_config(c, built, [m.config for m in models])
+  base = dict(zip(policy_names, params)) if policy_names else params[0]
   return policy, base, [m.tokenizer for m in models]
 
 
-def _sampling(c: ml_collections.ConfigDict, temperature: float, top_p: float) -> SamplingParams:
+def sampling_params(c: ml_collections.ConfigDict, temperature: float, top_p: float
+                    ) -> SamplingParams:
+  """config.sampling's budget and top-k at `temperature` and `top_p` (rollout or evaluation)."""
   return SamplingParams(max_new_tokens=c.sampling.max_new_tokens, temperature=temperature,
                         top_p=top_p, top_k=c.sampling.top_k)
 
@@ -164,7 +181,7 @@ class Run:
     self.c, self.workdir = c, workdir
     self.is_main = jax.process_index() == 0
     self.spec = built.spec
-    self.policy, base, self.tokenizers = load_team(c, self.spec, built)
+    self.policy, base, self.tokenizers = load_team(c, built)
     shape = config_lib.mesh_shape(tuple(c.train.mesh), jax.device_count())
     self.mesh = mesh_lib.make_mesh(*shape)
     # Each process builds its own rows of the batch: 1/processes of the rows, the same minimum.
@@ -199,11 +216,11 @@ class Run:
                                      tool_memory_mb=c.rollout.tool_memory_mb,
                                      record_traces=False)
     self.train_policy = LLMPolicy(self.policy, self.tokenizers,
-                                  _sampling(c, c.sampling.temperature, c.sampling.top_p),
+                                  sampling_params(c, c.sampling.temperature, c.sampling.top_p),
                                   self.run_key)
     eval_top_p = c.sampling.top_p if c.eval.top_p is None else c.eval.top_p
     self.eval_policy = LLMPolicy(self.policy, self.tokenizers,
-                                 _sampling(c, c.eval.temperature, eval_top_p), self.run_key)
+                                 sampling_params(c, c.eval.temperature, eval_top_p), self.run_key)
     self.checkpointer = Checkpointer.from_config(c.checkpoint, workdir)
 
   @property
