@@ -147,18 +147,18 @@ def test_mini_batch_updates_resume_exactly(model_dir, tmp_path):
 
 
 def test_shared_prompts_train_like_unshared(model_dir, tmp_path, monkeypatch):
-  """train.share_prompts computes each group's prompt once in the learner's forwards: one
-  problem x K = 16 samples on 8 devices, so the recompute pass and the update (2 rows per
-  device) run one prompt row per device. They give the train metrics of an unshared run to
-  float32 rounding (as tests/parallel/test_multihost compares runs whose programs differ), from
-  the same rollout. One update: after an AdamW step, rounding-level gradient differences in
+  """train.share_prompts computes each group's prompt once in the learner's forwards (and
+  train.logits_chunk=4 slices the 16-position LM head): one problem x K = 16 samples on 8
+  devices, so the recompute pass and the update (2 rows per device) run one prompt row per
+  device. They give the train metrics of an unshared, unsliced run to float32 rounding (as
+  tests/parallel/test_multihost compares runs whose programs differ), from the same rollout. One update: after an AdamW step, rounding-level gradient differences in
   near-zero components move params by up to lr, so later updates are not comparable."""
 
   def config(share):
     c = toy_task.toy_config(model_dir, steps=1)
     c.rollout.problems_per_step, c.rollout.k = 1, 16
     c.train.recompute_old_logp = True
-    c.train.share_prompts = share
+    c.train.share_prompts, c.train.logits_chunk = share, 4 if share else None
     return c
 
   trainer.train(config(False), str(tmp_path / "unshared"))
