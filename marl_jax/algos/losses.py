@@ -18,7 +18,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-POLICY_LOSSES = ("ppo", "reinforce")
+POLICY_LOSSES = ("ppo", "reinforce", "nll")
 RATIO_LEVELS = ("token", "sequence")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_sum")
 KL_ESTIMATORS = ("k1", "k3")
@@ -43,7 +43,9 @@ class LossConfig:
   """Loss options.
 
   Attributes:
-    policy_loss: "ppo" (clipped surrogate) or "reinforce" (on-policy `-logp * A`, MAGRPO).
+    policy_loss: "ppo" (clipped surrogate), "reinforce" (on-policy `-logp * A`, MAGRPO) or
+      "nll" (`-logp`, advantages unused: supervised fine-tuning on demonstrations,
+      `training/sft.py`).
     clip_low, clip_high: PPO ratio clip range [1 - clip_low, 1 + clip_high].
     dual_clip: c > 1 bounding the loss of negative advantages at `-c * A` (None: off).
     ratio_level: "token" (per-token ratio) or "sequence" (ratio of the whole response: exp of the
@@ -165,7 +167,9 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array | None, advantages: jax.Arr
   if is_weight is not None:
     is_weight = jax.lax.stop_gradient(jnp.where(token_mask, is_weight, 0.0))
   metrics = {}
-  if cfg.policy_loss == "reinforce":
+  if cfg.policy_loss == "nll":
+    per_token = -logp
+  elif cfg.policy_loss == "reinforce":
     per_token = -logp * adv
   else:
     log_ratio = logp - old_logp

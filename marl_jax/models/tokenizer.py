@@ -130,6 +130,11 @@ class Tokenizer:
     """Id used to fill left padding: the pad token, or the first stop token when there is none."""
     return self.hf.pad_token_id if self.hf.pad_token_id is not None else self.stop_token_ids[0]
 
+  @property
+  def end_of_reply_id(self) -> int:
+    """The token that ends a chat reply: the eos token, else the first stop token."""
+    return self.hf.eos_token_id if self.hf.eos_token_id is not None else self.stop_token_ids[0]
+
   def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
     """Ids of `text`. Chat-templated text already spells its special tokens, so by default no
     BOS/EOS is added."""

@@ -123,6 +123,13 @@ def base_config() -> ml_collections.ConfigDict:
                                           k=1, temperature=0.0, at_start=True,
                                           top_p=config_dict.placeholder(float),
                                           env_kwargs=ml_collections.ConfigDict()))
+  # Supervised warm-start before RL (training/sft.py): `steps` updates (0 = none), each on the
+  # demonstrations of `problems_per_step` problems of seeds seed_offset + ... (disjoint from
+  # training's and evaluation's, one set per run seed), AdamW at `lr` (constant, config.optim's
+  # other settings), with a
+  # fresh optimizer state for RL afterwards. Needs an env whose agents have demonstrations.
+  c.sft = ml_collections.ConfigDict(dict(steps=0, problems_per_step=8, lr=1e-5,
+                                         seed_offset=2_000_000))
   c.checkpoint = checkpoint.default_config()  # every_steps, max_to_keep, async_save
   c.logging = metrics.default_config()  # wandb mode/project, jsonl, console
   c.logging.progress = True
@@ -200,6 +207,7 @@ def build(c: ml_collections.ConfigDict) -> Built:
     value = c[group][name]
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ValueError(f"config.{field}={value!r}; expected an integer >= 1")
+  _check_sft(c)
   refills = c.rollout.max_refills
   if not isinstance(refills, int) or isinstance(refills, bool) or refills < 0:
     raise ValueError(f"config.rollout.max_refills={refills!r}; expected an integer >= 0")
@@ -255,6 +263,20 @@ def build(c: ml_collections.ConfigDict) -> Built:
                critic=None if c.policy.critic is None else tuple(c.policy.critic),
                critic_optim=_dataclass(OptimConfig, c.policy.critic_optim,
                                        "policy.critic_optim"))
+
+
+def _check_sft(c: ml_collections.ConfigDict) -> None:
+  """The warm-start's sizes and learning rate (its env support: `preflight.check`)."""
+  for name, low in (("steps", 0), ("problems_per_step", 1), ("seed_offset", 0)):
+    value = c.sft[name]
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+      raise ValueError(f"config.sft.{name}={value!r}; expected an integer >= {low}")
+  lr = c.sft.lr
+  if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
+    raise ValueError(f"config.sft.lr={lr!r}; expected a finite number > 0")
+  if c.sft.steps and c.policy.critic is not None:
+    raise ValueError(f"config.sft.steps={c.sft.steps} with config.policy.critic set: the "
+                     "warm-start has no target for MARFT's value head; expected sft.steps=0")
 
 
 def _check_team(c: ml_collections.ConfigDict, spec: WorkflowSpec) -> None:

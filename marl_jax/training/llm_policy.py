@@ -13,11 +13,17 @@ from typing import Any
 
 import jax
 
+from marl_jax.models.tokenizer import Tokenizer
 from marl_jax.parallel import layouts
 from marl_jax.parallel.policies import PolicyConfig
 from marl_jax.sampling.params import SamplingParams
 from marl_jax.sampling.sampler import Sampler
 from marl_jax.workflows.rollout import Generation, Request
+
+
+def prompt_ids(tokenizer: Tokenizer, messages: Sequence[dict[str, str]]) -> list[int]:
+  """The token ids a policy is prompted with: `messages` through the model's chat template."""
+  return tokenizer.encode(tokenizer.apply_chat_template(messages))
 
 
 class LLMPolicy:
@@ -48,7 +54,7 @@ class LLMPolicy:
     index, model_params, adapters = self.layout.acting_params(self.policy, *params, policy_id,
                                                               len(requests))
     tokenizer, sampler = self.tokenizers[index], self.samplers[index]
-    prompts = [tokenizer.encode(tokenizer.apply_chat_template(r.messages)) for r in requests]
+    prompts = [prompt_ids(tokenizer, r.messages) for r in requests]
     key = jax.random.fold_in(self.key, self._calls)
     self._calls += 1
     completions = sampler.generate(model_params, prompts, self.sampling, key, adapters=adapters)

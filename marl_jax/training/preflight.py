@@ -17,6 +17,7 @@ import ml_collections
 from marl_jax.errors import UserInputError
 from marl_jax.parallel import train_step
 from marl_jax.training import config as config_lib
+from marl_jax.training import sft
 from marl_jax.workflows import registry
 
 
@@ -32,9 +33,11 @@ def check(c: ml_collections.ConfigDict, workdir: str) -> config_lib.Built:
                          f"process only, got {procs}; set config.rollout.max_refills=0")
   check_workdir(workdir)
   # Problem 0 reads (and caches) every local dataset the env kwargs name, evaluation's too.
-  for for_eval in (False, True):
-    registry.problem_kwargs(c.env.name, c.env.workflow, c.env.max_turns, 0,
-                            config_lib.env_kwargs(c, for_eval))
+  train, _ = (registry.problem_kwargs(c.env.name, c.env.workflow, c.env.max_turns, 0,
+                                      config_lib.env_kwargs(c, for_eval))
+              for for_eval in (False, True))
+  if c.sft.steps:  # the warm-start's demonstrations come from the training problems' envs
+    sft.check_env(registry.make_env(c.env.name, **train), built.spec.agents, c.env.name)
   return built
 
 

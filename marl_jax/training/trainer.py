@@ -2,6 +2,10 @@
 
     summary = train(config, workdir)
 
+With `config.sft.steps > 0` a fresh run first evaluates the pretrained policy (`pretrained/`
+metrics at step 0), then runs the supervised warm-start (`training/sft.py`, `sft/` metrics), and
+step 0's `eval/` metrics are those of the warm-started policy RL starts from.
+
 Everything a step consumes is a function of (seed, step, data position): training problems are
 consecutive fresh seeds from the data position `next_seed` (`step * problems_per_step` unless DAPO
 dynamic sampling rolled out extra problems, `training/refill.py`), sampling keys are
@@ -21,7 +25,8 @@ of the params; the processes agree on the batch's bucketed shapes, each builds i
 global batch is assembled from them; rollout and eval metrics are reduced over processes. Process
 0 writes logs, plots and summaries; every process writes the traces of its own eval episodes.
 
-Workdir layout: `checkpoints/`, `metrics.jsonl`, `traces/eval_step{N}.jsonl` (+ content stores;
+Workdir layout: `checkpoints/`, `metrics.jsonl`, `traces/eval_step{N}.jsonl` (and
+`traces/pretrained_step0.jsonl` before a warm-start; + content stores;
 process p > 0 of a multi-host run: `traces/eval_step{N}.process{p}.jsonl`),
 `learning_curve.png`, `summary.md`, `summary.json`, `config.json`.
 """
@@ -52,6 +57,7 @@ from marl_jax.sampling.params import SamplingParams
 from marl_jax.sandbox import runner as sandbox
 from marl_jax.training import evaluation, plots, preflight, progress, refill
 from marl_jax.training import config as config_lib
+from marl_jax.training import sft as sft_lib
 from marl_jax.training.checkpoint import Checkpointer
 from marl_jax.training.llm_policy import LLMPolicy
 from marl_jax.training.metrics import make_writer
@@ -74,12 +80,14 @@ def problems(c: ml_collections.ConfigDict, first_seed: int, count: int,
 
 
 def batch_shape(c: ml_collections.ConfigDict, spec: WorkflowSpec, shards: int,
-                procs: int = 1) -> BatchShape:
+                procs: int = 1, sft: bool = False) -> BatchShape:
   """The static sizes of a step's batch on `procs` processes: each process's rows split into
-  `shards` / `procs` pieces (its devices x micro-batches)."""
-  trajs, branching = id_layout(c.rollout.mode, c.rollout.k, spec.max_turns)
+  `shards` / `procs` pieces (its devices x micro-batches). `sft`: of a warm-start step."""
+  mode, k, num = ((sft_lib.ROLLOUT_MODE, sft_lib.ROLLOUT_K, c.sft.problems_per_step) if sft
+                  else (c.rollout.mode, c.rollout.k, c.rollout.problems_per_step))
+  trajs, branching = id_layout(mode, k, spec.max_turns)
   return BatchShape(
-      num_problems=c.rollout.problems_per_step, trajs_per_problem=trajs, branching=branching,
+      num_problems=num, trajs_per_problem=trajs, branching=branching,
       max_turns=spec.max_turns, num_agents=len(spec.agents), multiple=shards // procs,
       min_rows=max(1, BatchShape.min_rows // procs))
 
@@ -187,10 +195,12 @@ class Run:
     # Each process builds its own rows of the batch: 1/processes of the rows, the same minimum.
     procs = jax.process_count()
     shards = mesh_lib.batch_shards(self.mesh) * c.train.micro_batches
-    if shards % procs or c.rollout.problems_per_step < procs:
-      raise UserInputError(f"{procs} processes need config.rollout.problems_per_step >= "
-                           f"{procs} (got {c.rollout.problems_per_step}) and data x fsdp x "
-                           f"micro_batches divisible by {procs} (got {shards})")
+    sizes = {"rollout": c.rollout.problems_per_step} | ({"sft": c.sft.problems_per_step}
+                                                        if c.sft.steps else {})
+    if shards % procs or min(sizes.values()) < procs:
+      raise UserInputError(f"{procs} processes need config.<section>.problems_per_step >= "
+                           f"{procs} (got {sizes}) and data x fsdp x micro_batches divisible by "
+                           f"{procs} (got {shards})")
     self.dynamic = preflight.dynamic_sampling(c, built)  # one process only: preflight checked
     self.advantage = built.advantage.resolved()
     self.shape = batch_shape(c, self.spec, shards, procs)
@@ -222,6 +232,11 @@ class Run:
     self.eval_policy = LLMPolicy(self.policy, self.tokenizers,
                                  sampling_params(c, c.eval.temperature, eval_top_p), self.run_key)
     self.checkpointer = Checkpointer.from_config(c.checkpoint, workdir)
+    self.sft_shape = self.sft_fns = None
+    if c.sft.steps:
+      self.sft_shape = batch_shape(c, self.spec, shards, procs, sft=True)
+      self.sft_fns = make_train_step(sft_lib.train_config(self.train_cfg, built.optim, c.sft.lr,
+                                                          self.sft_shape.space), self.mesh)
 
   @property
   def params(self):
@@ -229,12 +244,14 @@ class Run:
     with one process, the train state's own arrays). Valid until the next train step."""
     return multihost.process_local(self.state.params, self.mesh), self.local_frozen
 
-  def evaluate(self, step: int) -> dict[str, float]:
+  def evaluate(self, step: int, split: str = "eval") -> dict[str, float]:
+    """Evaluation metrics `{split}/...` and traces `traces/{split}_step{step}...jsonl`
+    (split "pretrained": the policy before the warm-start)."""
     c = self.c
     self.eval_policy.reseed(multihost.process_key(
         jax.random.fold_in(jax.random.fold_in(self.run_key, 2), step)))
     process = jax.process_index()
-    name = f"eval_step{step}" + (f".process{process}" if process else "") + ".jsonl"
+    name = f"{split}_step{step}" + (f".process{process}" if process else "") + ".jsonl"
     trace_path = os.path.join(self.workdir, "traces", name)
     if os.path.exists(trace_path):  # a resumed run re-evaluates this step: keep one copy
       os.remove(trace_path)
@@ -245,19 +262,14 @@ class Run:
                                   self.spec,
                                   self.eval_policy.generate, self.params, k=c.eval.k,
                                   rollout_cfg=self.rollout_cfg, trace_path=trace_path)
-    return {f"eval/{k}": v for k, v in metrics.items()}
+    return {f"{split}/{k}": v for k, v in metrics.items()}
 
   def train_step(self, step: int) -> dict[str, float]:
     self.train_policy.reseed(multihost.process_key(jax.random.fold_in(self.run_key, step)))
     start = time.monotonic()
     samples, result, refill_metrics = self._rollout()
     rollout_s = time.monotonic() - start
-    sizes = multihost.agree_max(layouts.batch_sizes(self.policy, samples, self.shape))
-    prompts = None  # each distinct prompt once in the learner: a bound every process agrees on
-    if self.c.train.share_prompts:
-      prompts = multihost.agree_max([layouts.prompt_bound(self.policy, samples, sizes[0])])[0]
-    batch = self._global_batch(layouts.build_batch(
-        self.policy, samples, self.shape, [t.pad_id for t in self.tokenizers], sizes, prompts))
+    batch = self._batch(samples, self.shape)
     if self.fns.old_values is not None:  # MARFT: GAE needs the critic's values of these states
       batch = self.fns.old_values(self.state.params, self.frozen, batch)
     if self.fns.ref_logp is not None:  # the KL term's reference log-probs
@@ -274,6 +286,41 @@ class Run:
     out.update(refill_metrics)
     out.update({"time/rollout_s": rollout_s, "time/train_s": time.monotonic() - start - rollout_s})
     return out
+
+  def warm_start(self) -> dict[str, float]:
+    """The supervised warm-start (`training/sft.py`): config.sft.steps updates on demonstrations,
+    then a fresh RL optimizer state on the new params. Returns the last step's metrics and the
+    first step's loss."""
+    c, n = self.c, self.c.sft.problems_per_step
+    demonstrator = sft_lib.Demonstrator(self.policy, self.tokenizers)
+    params = self.state.params
+    self.state = None  # RL's optimizer state is rebuilt afterwards: free it meanwhile
+    state, out, first_loss = self.sft_fns.init(params), {}, None
+    for step in range(c.sft.steps):
+      samples, out = sft_lib.demonstrations(
+          problems(c, sft_lib.first_seed(c, step), n, multihost.process_slice(n)), self.spec,
+          demonstrator, self.rollout_cfg)
+      if not multihost.agree_max([len(samples)])[0]:
+        raise RuntimeError(f"warm-start step {step}: no demonstration episode of {n} problems "
+                           "solved its problem; nothing to train on")
+      state, metrics = self.sft_fns.step(state, self.frozen, self._batch(samples,
+                                                                         self.sft_shape))
+      out["sft/loss"] = float(jax.device_get(metrics["loss"]))
+      first_loss = out["sft/loss"] if first_loss is None else first_loss
+      logging.info("warm-start step %d/%d: loss %.4f, demonstrations solved %.2f", step + 1,
+                   c.sft.steps, out["sft/loss"], out["sft/solved"])
+    self.state = self.fns.init(state.params)
+    return dict(out, **{"sft/first_loss": first_loss, "sft/steps": float(c.sft.steps)})
+
+  def _batch(self, samples: list[Sample], shape: BatchShape) -> Any:
+    """The global train batch of these samples in `shape`'s layout; each process passes its
+    own."""
+    sizes = multihost.agree_max(layouts.batch_sizes(self.policy, samples, shape))
+    prompts = None  # each distinct prompt once in the learner: a bound every process agrees on
+    if self.c.train.share_prompts:
+      prompts = multihost.agree_max([layouts.prompt_bound(self.policy, samples, sizes[0])])[0]
+    return self._global_batch(layouts.build_batch(
+        self.policy, samples, shape, [t.pad_id for t in self.tokenizers], sizes, prompts), shape)
 
   def _rollout(self) -> tuple[list[Sample], RolloutResult, dict[str, float]]:
     """The step's samples, every rollout's result (for the metrics) and the refill metrics.
@@ -304,13 +351,13 @@ class Run:
                           sum(r.safety_events for r in results))
     return samples, every, metrics
 
-  def _global_batch(self, batch: Any) -> Any:
+  def _global_batch(self, batch: Any, shape: BatchShape) -> Any:
     """This process's rows -> the step's global batch (process p's rows are block p)."""
     if jax.process_count() == 1:
       return self.fns.shard_batch(batch)
     # The step cannot check the ids of a batch no process holds whole: check the local rows.
-    layouts.validate_batch(self.policy, self.shape.space, self.train_cfg.agent_policies, batch,
-                           self.shape.multiple)
+    layouts.validate_batch(self.policy, shape.space, self.train_cfg.agent_policies, batch,
+                           shape.multiple)
     return distributed.process_local_batch_to_global(
         batch, self.mesh, layouts.batch_spec(self.policy, mesh_lib.BATCH_AXES))
 
@@ -331,8 +378,15 @@ def train(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     with open(os.path.join(workdir, "config.json"), "w") as f:
       f.write(c.to_json_best_effort(indent=2))
     writer.write_hparams(c.to_dict())
-  if start == 0 and c.eval.at_start:
-    writer.write_scalars(0, run.evaluate(0))
+  if start == 0 and (c.eval.at_start or c.sft.steps):
+    scalars = {}
+    if c.sft.steps:  # step 0's eval/ metrics are the warm-started policy's; pretrained/ before
+      if c.eval.at_start:
+        scalars.update(run.evaluate(0, split="pretrained"))
+      scalars.update(run.warm_start())
+    if c.eval.at_start:
+      scalars.update(run.evaluate(0))
+    writer.write_scalars(0, scalars)
   bar = progress.step_bar(c.train.steps, start, enabled=c.logging.progress and run.is_main)
   for step in range(start, c.train.steps):
     scalars = run.train_step(step)

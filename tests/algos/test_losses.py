@@ -231,3 +231,15 @@ def test_missing_inputs_raise():
     aggregate(x["logp"], x["mask"], "sum")
   with pytest.raises(ValueError, match=r"unknown loss terms \['aux'\]"):
     total_loss({"aux": NumDen(jnp.float32(1.0), jnp.float32(1.0))}, LossConfig())
+
+
+def test_nll_is_the_token_mean_negative_log_likelihood():
+  """Supervised warm-start: -log p of every response token, advantages unused."""
+  x = make_inputs(5)
+  cfg = LossConfig(policy_loss="nll")
+  terms, metrics = policy_loss(x["logp"], None, x["adv_tok"], x["mask"], cfg)
+  m = x["mask"]
+  np.testing.assert_allclose(terms["policy"].value(), -x["logp"][m].mean(), **TOL)
+  assert float(terms["policy"].den) == m.sum() and metrics == {}
+  other, _ = policy_loss(x["logp"], None, -3 * x["adv_tok"], x["mask"], cfg)
+  assert float(other["policy"].value()) == float(terms["policy"].value())

@@ -82,10 +82,20 @@ class Game(abc.ABC):
   def rules(self) -> str:
     """Task statement: symbols, coordinates, moves, the action-list format."""
 
+  def short_rules(self) -> str:
+    """The rules in a few tokens (compact prompts); default: `rules()`."""
+    return self.rules()
+
   @abc.abstractmethod
   def oracle(self) -> list[Any] | None:
     """A solving action list from the current state (optimal where the game has a notion of it);
     None when the current state cannot be solved any more."""
+
+  def solver_program(self) -> str | None:
+    """A self-contained Python program that searches the current state for a solution and prints
+    it as `**Actions List**: [...]` (the tool agent's demonstration); None when the game has none.
+    The search is real (the program holds the state, not the answer)."""
+    return None
 
   @abc.abstractmethod
   def instance_key(self) -> str:

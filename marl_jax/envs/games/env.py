@@ -29,9 +29,12 @@ class GameEnv:
   plan agent the tool's work. `clone()` is cheap: the game is shallow-copied, the rest immutable.
   """
 
-  def __init__(self, game: Game, *, mode: str = "mas", max_turns: int = 4):
+  def __init__(self, game: Game, *, mode: str = "mas", max_turns: int = 4, prompt: str = "full"):
     if mode not in MODES:
       raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+    if prompt not in prompts.STYLES:
+      raise ValueError(f"unknown prompt style {prompt!r}; expected one of {prompts.STYLES}")
+    self.prompt = prompt
     if max_turns < 1:
       raise ValueError(f"max_turns must be >= 1, got {max_turns}")
     self.game = game
@@ -58,8 +61,22 @@ class GameEnv:
   def observe(self, agent: str) -> Observation:
     self._check_agent(agent)
     system, user = prompts.build(agent, self.game, self.turn, self.max_turns, self.history,
-                                 self.tool_record)
+                                 self.tool_record, self.prompt)
     return Observation(agent, self.turn, system, user)
+
+  def demonstration(self, agent: str) -> str | None:
+    """A correct reply of `agent` in the current state (the supervised warm-start's target,
+    `training/sft.py`): the tool agent's is the game's solver program in a ```python block, the
+    others answer `#### ` + the oracle's moves. None when the game has no solver program (tool)
+    or the state cannot be solved any more."""
+    self._check_agent(agent)
+    moves = self.game.oracle()
+    if moves is None:
+      return None
+    if agent == "tool":
+      program = self.game.solver_program()
+      return None if program is None else f"```python\n{program}```"
+    return f"{actions_lib.PLAN_MARKER} {self.game.format_actions(moves)}"
 
   def step(self, agent: str, response: str, *, tool_output: str | None = None) -> StepResult:
     """One agent's step from its raw reply. Malformed replies cost rewards, never raise."""

@@ -148,8 +148,33 @@ class PlanPath(Game):
             "L (col-1), R (col+1); moves off the grid or into '#' are invalid and cost reward. "
             "Reach G; a shortest path earns a bonus. Action list example: [\"R\", \"D\", \"D\"]")
 
+  def short_rules(self) -> str:
+    return (f"Plan-Path {self.height}x{self.width}: cells (row, col), '#' blocked, P you, G goal. "
+            "Moves U D L R. Example: [\"R\", \"D\"]")
+
   def oracle(self) -> list[str]:
     return shortest_moves(self.rows, self.pos, self.goal)
+
+  def solver_program(self) -> str:
+    """Breadth-first search over the rendered grid (P and G count as free), moves tried in
+    U, D, L, R order, so it prints `oracle()`'s path."""
+    grid = self.render().splitlines()[:self.height]
+    return (f"from collections import deque\n"
+            f"grid = {grid!r}\n"
+            f"start, goal = {self.pos}, {self.goal}\n"
+            "moves = {'U': (-1, 0), 'D': (1, 0), 'L': (0, -1), 'R': (0, 1)}\n"
+            "queue, seen = deque([(start, [])]), {start}\n"
+            "while queue:\n"
+            "    (r, c), path = queue.popleft()\n"
+            "    if (r, c) == goal:\n"
+            "        print('**Actions List**:', path)\n"
+            "        break\n"
+            "    for m, (dr, dc) in moves.items():\n"
+            "        n = (r + dr, c + dc)\n"
+            "        if (0 <= n[0] < len(grid) and 0 <= n[1] < len(grid[0])\n"
+            "                and grid[n[0]][n[1]] != '#' and n not in seen):\n"
+            "            seen.add(n)\n"
+            "            queue.append((n, path + [m]))\n")
 
   def instance_key(self) -> str:
     return f"{'/'.join(self.rows)}|{self.start}|{self.goal}"
@@ -178,6 +203,8 @@ def generate(seed: int, *, height: int = 10, width: int = 10, block_ratio: float
                      f"(block_ratio {block_ratio} too high?)")
 
 
-def make_env(*, seed: int, mode: str = "mas", max_turns: int = 4, **config: Any) -> GameEnv:
-  """Registry factory: `config` goes to `generate` (height, width, block_ratio, ...)."""
-  return GameEnv(generate(seed, **config), mode=mode, max_turns=max_turns)
+def make_env(*, seed: int, mode: str = "mas", max_turns: int = 4, prompt: str = "full",
+             **config: Any) -> GameEnv:
+  """Registry factory: `config` goes to `generate` (height, width, block_ratio, ...); `prompt`
+  is the prompt style (`prompts.STYLES`)."""
+  return GameEnv(generate(seed, **config), mode=mode, max_turns=max_turns, prompt=prompt)

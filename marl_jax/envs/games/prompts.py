@@ -2,7 +2,8 @@
 earlier steps they show.
 
 Prompts stay short: the game's rules line, the compact state rendering and, from the second turn
-on, one line about the last applied actions. Untrusted text shown to the plan agent (the tool's
+on, one line about the last applied actions. The "compact" style shortens the system prompts and
+rules and shows the plan agent the tool's output without its program (CPU-sized runs). Untrusted text shown to the plan agent (the tool's
 code and output) is truncated head + tail so that a flooding program cannot blow up the prompt.
 """
 
@@ -50,13 +51,25 @@ PLAN_SYSTEM = (
     "agent's program, its output and the actions parsed from it. Check them against the rules and "
     "the state: adopt them if they are right, fix or replace them if not. Reason briefly, then end "
     "your reply with #### followed by the action list, e.g. #### [...]")
+# The compact style (`prompt="compact"`): the same protocol in few tokens, and the plan agent sees
+# the tool's output, not its program, for CPU-sized runs where every prompt token is trained on.
+TOOL_SYSTEM_COMPACT = (
+    "Tool agent: write a Python program in a ```python block that searches the state below and "
+    "prints **Actions List**: [...]")
+PLAN_SYSTEM_COMPACT = ("Plan agent: check the tool agent's actions against the state and end "
+                       "with #### [...]")
 SOLVER_SYSTEM = (
     "You solve a puzzle. Reason briefly, then end your reply with #### followed by the action "
     "list, e.g. #### [...]")
 
 
-def _task(game: Game, turn: int, max_turns: int, history: tuple[TurnRecord, ...]) -> str:
-  lines = [game.rules(), f"Turn {turn + 1} of {max_turns}. State:", game.render()]
+STYLES = ("full", "compact")
+
+
+def _task(game: Game, turn: int, max_turns: int, history: tuple[TurnRecord, ...],
+          compact: bool) -> str:
+  lines = [game.short_rules() if compact else game.rules(),
+           f"Turn {turn + 1} of {max_turns}. State:", game.render()]
   if history:
     last = history[-1]
     applied = "unparseable" if last.actions is None else game.format_actions(last.actions)
@@ -66,18 +79,24 @@ def _task(game: Game, turn: int, max_turns: int, history: tuple[TurnRecord, ...]
 
 
 def build(agent: str, game: Game, turn: int, max_turns: int, history: tuple[TurnRecord, ...],
-          record: ToolRecord | None) -> tuple[str, str]:
-  """(system, user) prompt of `agent` in a game env's current state."""
-  task = _task(game, turn, max_turns, history)
+          record: ToolRecord | None, style: str = "full") -> tuple[str, str]:
+  """(system, user) prompt of `agent` in a game env's current state, in one of STYLES."""
+  if style not in STYLES:
+    raise ValueError(f"unknown prompt style {style!r}; expected one of {list(STYLES)}")
+  compact = style == "compact"
+  task = _task(game, turn, max_turns, history, compact)
+  plan_system = PLAN_SYSTEM_COMPACT if compact else PLAN_SYSTEM
   if agent == "tool":
-    return TOOL_SYSTEM, task
+    return TOOL_SYSTEM_COMPACT if compact else TOOL_SYSTEM, task
   if agent == "solver":
     return SOLVER_SYSTEM, task
   if record is None:
-    return PLAN_SYSTEM, task + "\nThe tool agent has not answered this turn."
+    return plan_system, task + "\nThe tool agent has not answered this turn."
   parsed = ("none (no parseable **Actions List**)" if record.actions is None
             else truncate(game.format_actions(record.actions), MAX_ACTIONS_CHARS))
-  return PLAN_SYSTEM, (f"{task}\nTool agent's program:\n```python\n"
-                       f"{truncate(record.code, MAX_CODE_CHARS)}\n```\n"
-                       f"Its output:\n{truncate(record.output, MAX_OUTPUT_CHARS)}\n"
+  program = ("" if compact else
+             f"Tool agent's program:\n```python\n{truncate(record.code, MAX_CODE_CHARS)}\n```\n")
+  return plan_system, (f"{task}\n{program}"
+                       f"{'Tool output' if compact else 'Its output'}:\n"
+                       f"{truncate(record.output, MAX_OUTPUT_CHARS)}\n"
                        f"Parsed actions: {parsed}")

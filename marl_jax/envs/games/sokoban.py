@@ -278,6 +278,8 @@ def generate(seed: int, *, height: int = 6, width: int = 6, num_boxes: int = 1,
                      f"({height}x{width}, {num_boxes} boxes, {num_steps} walk steps)")
 
 
-def make_env(*, seed: int, mode: str = "mas", max_turns: int = 4, **config: Any) -> GameEnv:
-  """Registry factory: `config` goes to `generate` (height, width, num_boxes, ...)."""
-  return GameEnv(generate(seed, **config), mode=mode, max_turns=max_turns)
+def make_env(*, seed: int, mode: str = "mas", max_turns: int = 4, prompt: str = "full",
+             **config: Any) -> GameEnv:
+  """Registry factory: `config` goes to `generate` (height, width, num_boxes, ...); `prompt` is the prompt
+  style (`prompts.STYLES`)."""
+  return GameEnv(generate(seed, **config), mode=mode, max_turns=max_turns, prompt=prompt)

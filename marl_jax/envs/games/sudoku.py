@@ -239,6 +239,8 @@ def generate(seed: int, *, size: int = 4, max_blanks: int | None = None,
   return Sudoku(rows, max_steps=max_steps, rewards=rewards)
 
 
-def make_env(*, seed: int, mode: str = "mas", max_turns: int = 4, **config: Any) -> GameEnv:
-  """Registry factory: `config` goes to `generate` (size, max_blanks, ...)."""
-  return GameEnv(generate(seed, **config), mode=mode, max_turns=max_turns)
+def make_env(*, seed: int, mode: str = "mas", max_turns: int = 4, prompt: str = "full",
+             **config: Any) -> GameEnv:
+  """Registry factory: `config` goes to `generate` (size, max_blanks, ...); `prompt` is the prompt
+  style (`prompts.STYLES`)."""
+  return GameEnv(generate(seed, **config), mode=mode, max_turns=max_turns, prompt=prompt)

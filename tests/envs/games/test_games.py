@@ -395,3 +395,55 @@ def test_prompts_are_compact_and_complete(name):
   single = registry.make_env(name, seed=2, mode="single").observe("solver")
   assert "####" in single.system and env.game.rules() in single.user
   assert env.game.render().count("\n") >= 3  # one line per grid row
+
+
+@pytest.mark.parametrize("name", list(GAMES))
+def test_compact_prompts_keep_the_state_and_the_tool_output(name):
+  """The compact style: short system prompts and rules, the same state; the plan agent sees the
+  tool's output and parsed actions but not its program."""
+  full = registry.make_env(name, seed=2)
+  env = registry.make_env(name, seed=2, prompt="compact")
+  tool, long_tool = env.observe("tool"), full.observe("tool")
+  assert env.game.render() in tool.user and "**Actions List**" in tool.system
+  assert env.game.short_rules() in tool.user
+  assert len(tool.system) + len(tool.user) < len(long_tool.system) + len(long_tool.user)
+  answer = env.game.format_actions(env.game.oracle())
+  env.step("tool", "```python\nprint(SECRET_PROGRAM_TEXT)\n```",
+           tool_output="**Actions List**: " + answer)
+  plan = env.observe("plan")
+  assert "SECRET_PROGRAM_TEXT" not in plan.user and "####" in plan.system
+  assert "**Actions List**: " + answer in plan.user and f"Parsed actions: {answer}" in plan.user
+  with pytest.raises(ValueError, match="unknown prompt style 'tiny'"):
+    registry.make_env(name, seed=2, prompt="tiny")
+
+
+# ---------------------------------------------------------------- demonstrations (warm-start)
+
+def test_plan_path_demonstrations_solve_through_the_sandbox():
+  """The tool agent's demonstration is a search program: run in the sandbox on random grids of
+  both sizes (start, goal and walls only in the program's text), it prints the oracle's path, and
+  the plan agent's demonstration then solves the episode."""
+  from marl_jax.envs import actions
+  from marl_jax.sandbox import runner
+  envs = [registry.make_env("plan_path", seed=seed, max_turns=1, **size)
+          for seed in range(6) for size in ({}, dict(height=4, width=4))]
+  programs = [actions.extract_code(env.demonstration("tool")) for env in envs]
+  assert all("deque" in p and "oracle" not in p for p in programs)
+  results = runner.run_many(programs, timeout_s=10.0, memory_mb=256)
+  for env, result in zip(envs, results):
+    assert result.ok, result.error
+    want = env.game.oracle()
+    assert actions.parse_tool_output(result.stdout) == want
+    assert json.dumps(want) not in env.demonstration("tool").replace("'", '"')  # searched
+    env.step("tool", env.demonstration("tool"), tool_output=result.stdout)
+    assert env.demonstration("plan") == "#### " + json.dumps(want)
+    assert env.step("plan", env.demonstration("plan")).done and env.solved
+
+
+def test_games_without_a_solver_program_demonstrate_no_tool_reply():
+  for name in ("sokoban", "sudoku"):
+    env = registry.make_env(name, seed=0)
+    assert env.demonstration("tool") is None
+    assert env.demonstration("plan") == "#### " + env.game.format_actions(env.game.oracle())
+  with pytest.raises(ValueError, match="unknown agent 'solver'"):
+    registry.make_env("plan_path", seed=0).demonstration("solver")

@@ -1,0 +1,111 @@
+"""Supervised warm-start from demonstrations, before RL (rejection-sampling fine-tuning).
+
+Why: a small model may never write a reply that parses (SmolLM2-135M on the games: every reply
+gets the format penalty, every group's rewards are equal, every advantage is 0), so RL has no
+signal to start from. The warm-start first teaches each role its part of the team's protocol:
+
+1. Demonstrations are episodes of the run's own workflow in which every agent replies with its
+   env's `demonstration(agent)` (games: the tool agent's search program, the plan agent the
+   oracle's moves). They run through the same rollout engine as RL, so each reply is trained in
+   exactly the prompt RL samples it in, and tool programs run in the sandbox. Only the samples of
+   solved episodes are kept (rejection sampling: a demonstration that fails teaches nothing right).
+2. `config.sft.steps` updates minimise the negative log-likelihood of the kept replies (their
+   end-of-reply token included), token mean, through the same sharded train step as RL
+   (`policy_loss="nll"`) with AdamW at `config.sft.lr`. RL then starts from the warm-started
+   params with a fresh optimizer state.
+
+Step s of a run with `config.seed` r trains on the demonstrations of the problems of seeds
+`sft.seed_offset + (r * sft.steps + s) * n + i`, i < n = `sft.problems_per_step`: disjoint from
+training's (from 0) and evaluation's seeds, and a different set for every run seed, so seeds vary
+the warm-start's data. The stage is deterministic, so a run interrupted before its first
+checkpoint redoes it exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import ml_collections
+
+from marl_jax.algos import losses
+from marl_jax.algos.advantage_config import AdvantageConfig
+from marl_jax.algos.batch import GroupSpace
+from marl_jax.algos.optim import OptimConfig
+from marl_jax.errors import UserInputError
+from marl_jax.models.tokenizer import Tokenizer
+from marl_jax.parallel import layouts, multihost
+from marl_jax.parallel.policies import PolicyConfig
+from marl_jax.parallel.train_step import TrainConfig
+from marl_jax.training.llm_policy import prompt_ids
+from marl_jax.workflows.rollout import (Generation, Problem, Request, RolloutConfig, Sample,
+                                        rollout)
+from marl_jax.workflows.spec import WorkflowSpec
+
+# One demonstration episode per problem.
+ROLLOUT_MODE, ROLLOUT_K = "independent", 1
+
+
+def first_seed(c: ml_collections.ConfigDict, step: int) -> int:
+  """The seed of warm-start step `step`'s first problem (module docstring)."""
+  return c.sft.seed_offset + (c.seed * c.sft.steps + step) * c.sft.problems_per_step
+
+
+def train_config(rl: TrainConfig, optim: OptimConfig, lr: float, space: GroupSpace
+                 ) -> TrainConfig:
+  """The warm-start's step: RL's model, mesh and memory settings with the "nll" loss (no KL,
+  entropy or clipping), AdamW `optim` at a constant `lr`, one update per batch. The step still
+  computes advantages, which "nll" ignores; with no group filter every demonstration counts."""
+  optim = dataclasses.replace(optim, lr=lr, schedule="constant", warmup_steps=0, hold_steps=0)
+  policy = dataclasses.replace(rl.policy, optim=(optim,) * len(rl.policy.optim))
+  return dataclasses.replace(
+      rl, policy=policy, space=space, loss=losses.LossConfig(policy_loss="nll"),
+      advantage=AdvantageConfig(estimator="grpo", filter="none"), with_entropy=False,
+      agent_grad_norms=False, target_kl=None, mini_batch_size=None, epochs=1,
+      recompute_old_logp=False, tis_cap=None)
+
+
+def check_env(env: Any, agents: Sequence[str], env_name: str) -> None:
+  """Raises UserInputError unless `env` (a fresh problem) demonstrates a reply for every agent."""
+  demonstrate = getattr(env, "demonstration", None)
+  missing = [a for a in agents if demonstrate is None or demonstrate(a) is None]
+  if missing:
+    raise UserInputError(f"config.sft.steps > 0 needs demonstrations, but env {env_name!r} has "
+                         f"none for agents {missing}; expected sft.steps=0 for this env")
+
+
+class Demonstrator:
+  """A scripted policy replying with each request's env demonstration, tokenised as the sampler
+  would have produced it: the chat-templated prompt, then the reply and its end-of-reply token.
+  A state with no demonstration gets an empty reply (its episode fails and is dropped)."""
+
+  def __init__(self, policy: PolicyConfig, tokenizers: Sequence[Tokenizer]):
+    self.per_policy = layouts.of(policy).per_policy_models
+    self.tokenizers = list(tokenizers)
+
+  def generate(self, requests: Sequence[Request], policy_id: int, params: Any
+               ) -> list[Generation]:
+    del params  # scripted
+    tokenizer = self.tokenizers[policy_id if self.per_policy else 0]
+    out = []
+    for request in requests:
+      text = request.env.demonstration(request.agent) or ""
+      ids = tuple(tokenizer.encode(text)) + (tokenizer.end_of_reply_id,) if text else ()
+      out.append(Generation(text, tuple(prompt_ids(tokenizer, request.messages)), ids,
+                            (0.0,) * len(ids), "stop_token"))
+    return out
+
+
+def demonstrations(problems: Sequence[Problem], spec: WorkflowSpec, demonstrator: Demonstrator,
+                   rollout_cfg: RolloutConfig) -> tuple[list[Sample], dict[str, float]]:
+  """(the samples of the solved demonstration episodes, metrics over every process):
+  "sft/solved" (fraction of episodes kept) and "sft/reply_tokens" (mean tokens per kept reply)."""
+  cfg = dataclasses.replace(rollout_cfg, mode=ROLLOUT_MODE, k=ROLLOUT_K, record_traces=False)
+  result = rollout(problems, spec, demonstrator.generate, None, cfg)
+  solved = {e.traj_id for e in result.episodes if e.solved}
+  kept = [s for s in result.samples if s.traj_id in solved]
+  means = multihost.global_means({
+      "solved": multihost.sum_count([e.solved for e in result.episodes]),
+      "reply_tokens": multihost.sum_count([len(s.generation.token_ids) for s in kept])})
+  return kept, {f"sft/{k}": v for k, v in means.items()}

@@ -1,0 +1,133 @@
+"""Supervised warm-start (training/sft.py): demonstrations as the sampler would tokenise them, the
+rejection of failed episodes, the warm-start's loss against transformers (PyTorch), the stage in a
+trainer run, and its one-line refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import toy_task
+from configs import atgrpo_plan_path, atgrpo_sokoban
+from marl_jax.errors import UserInputError
+from marl_jax.models.tokenizer import Tokenizer
+from marl_jax.models.loading import embedded_gguf_path
+from marl_jax.parallel.policies import PolicyConfig
+from marl_jax.models import config as model_config
+from marl_jax.training import config as config_lib
+from marl_jax.training import preflight, sft, trainer
+from marl_jax.training.llm_policy import prompt_ids
+from marl_jax.training.metrics import read_metrics
+from marl_jax.workflows.rollout import RolloutConfig
+
+pytestmark = pytest.mark.usefixtures("shared_compiles")  # conftest
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("tiny_model"))
+  toy_task.write_tiny_model(path)
+  return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+  return Tokenizer.from_gguf(embedded_gguf_path())
+
+
+def _config(model_dir, preset="cpu"):
+  c = atgrpo_plan_path.get_config(preset)
+  c.model = model_dir
+  c.sampling.max_new_tokens = 8
+  c.sft.steps, c.sft.problems_per_step, c.sft.lr = 2, 2, 1e-2
+  c.train.steps, c.eval.num_problems, c.eval.at_start = 1, 2, True
+  c.logging.wandb_mode, c.logging.console, c.logging.progress = "disabled", False, False
+  return c
+
+
+def _demonstrations(c, tokenizer, seeds):
+  built = config_lib.build(c)
+  policy = PolicyConfig(models=(model_config.get_preset("tiny-llama"),))
+  problems = trainer.problems(c, seeds, c.sft.problems_per_step)
+  return sft.demonstrations(problems, built.spec, sft.Demonstrator(policy, [tokenizer]),
+                            RolloutConfig())
+
+
+def test_demonstrations_are_tokenised_as_the_sampler_would(model_dir, tokenizer):
+  c = _config(model_dir)
+  samples, metrics = _demonstrations(c, tokenizer, sft.first_seed(c, 0))
+  assert metrics["sft/solved"] == 1.0
+  n = c.sft.problems_per_step
+  assert sorted((s.problem_id, s.agent) for s in samples) == sorted(
+      (i, a) for i in range(n) for a in ("tool", "plan"))
+  for s in samples:
+    assert s.generation.prompt_ids == tuple(prompt_ids(tokenizer, s.messages))
+    assert s.generation.token_ids == (*tokenizer.encode(s.generation.text),
+                                      tokenizer.end_of_reply_id)
+    assert s.generation.text.startswith("```python" if s.agent == "tool" else "#### [")
+  assert metrics["sft/reply_tokens"] == np.mean([len(s.generation.token_ids) for s in samples])
+
+
+def test_failed_demonstration_episodes_are_dropped(model_dir, tokenizer, monkeypatch):
+  """Rejection sampling: an episode that does not solve its problem gives no samples."""
+  from marl_jax.envs.games.env import GameEnv
+  c = _config(model_dir)
+  right = GameEnv.demonstration
+  wrong_once = {"left": 1}
+
+  def demonstration(self, agent):
+    if agent == "plan" and wrong_once["left"]:
+      wrong_once["left"] -= 1
+      return "#### []"
+    return right(self, agent)
+
+  monkeypatch.setattr(GameEnv, "demonstration", demonstration)
+  samples, metrics = _demonstrations(c, tokenizer, sft.first_seed(c, 0))
+  assert metrics["sft/solved"] == 0.5
+  assert len(samples) == 2 and {s.problem_id for s in samples} == {1}
+
+
+def _torch_nll(model, samples):
+  """Token-mean -log p of every demonstrated reply token, transformers in float64 sums."""
+  total, count = 0.0, 0
+  for s in samples:
+    prompt, reply = list(s.generation.prompt_ids), list(s.generation.token_ids)
+    ids = torch.tensor([prompt + reply])
+    with torch.no_grad():
+      logits = model(ids).logits[0, len(prompt) - 1:-1].double()
+    logp = torch.log_softmax(logits, -1).gather(1, torch.tensor(reply)[:, None])[:, 0]
+    total, count = total - float(logp.sum()), count + len(reply)
+  return total / count
+
+
+def test_warm_start_in_a_trainer_run(model_dir, tokenizer, tmp_path):
+  """Step 0 logs the policy before (pretrained/) and after (eval/) the warm-start; the warm-start's
+  first loss is the demonstrations' NLL under the pretrained weights (transformers reference), and
+  at lr 1e-2 the second step's demonstrations already cost less."""
+  c = _config(model_dir)
+  trainer.train(c, str(tmp_path))
+  step0 = next(r for r in read_metrics(str(tmp_path)) if r["step"] == 0)
+  assert {"pretrained/accuracy", "eval/accuracy", "sft/loss", "sft/first_loss"} <= set(step0)
+  assert step0["sft/solved"] == 1.0 and step0["sft/steps"] == 2
+  assert (tmp_path / "traces" / "pretrained_step0.jsonl").exists()
+  assert (tmp_path / "traces" / "eval_step0.jsonl").exists()
+  first, _ = _demonstrations(c, tokenizer, sft.first_seed(c, 0))
+  model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+  np.testing.assert_allclose(step0["sft/first_loss"], _torch_nll(model, first), rtol=1e-4)
+  assert step0["sft/loss"] < step0["sft/first_loss"] - 1.0
+
+
+def test_refusals(model_dir, tmp_path):
+  c = atgrpo_sokoban.get_config("cpu")
+  c.sft.steps = 1
+  with pytest.raises(UserInputError, match=r"env 'sokoban' has none for agents \['tool'\]"):
+    preflight.check(c, str(tmp_path))
+  for field, value, match in (("steps", -1, "config.sft.steps=-1; expected an integer >= 0"),
+                              ("lr", 0.0, "config.sft.lr=0.0; expected a finite number > 0"),
+                              ("problems_per_step", 0, "config.sft.problems_per_step=0")):
+    c = _config(model_dir)
+    c.sft[field] = value
+    with pytest.raises(UserInputError, match=match):
+      config_lib.build(c)
