@@ -125,9 +125,9 @@ def base_config() -> ml_collections.ConfigDict:
                                           env_kwargs=ml_collections.ConfigDict()))
   # Supervised warm-start before RL (training/sft.py): `steps` updates (0 = none), each on the
   # demonstrations of `problems_per_step` problems of seeds seed_offset + ... (disjoint from
-  # training's and evaluation's, one set per run seed), AdamW at `lr` (constant, config.optim's
-  # other settings), with a
-  # fresh optimizer state for RL afterwards. Needs an env whose agents have demonstrations.
+  # training's and evaluation's, one set per run seed), AdamW from `lr` decaying linearly to 0
+  # (config.optim's other settings), then a fresh optimizer state for RL. Needs an env whose
+  # agents have demonstrations.
   c.sft = ml_collections.ConfigDict(dict(steps=0, problems_per_step=8, lr=1e-5,
                                          seed_offset=2_000_000))
   c.checkpoint = checkpoint.default_config()  # every_steps, max_to_keep, async_save

@@ -11,8 +11,8 @@ signal to start from. The warm-start first teaches each role its part of the tea
    solved episodes are kept (rejection sampling: a demonstration that fails teaches nothing right).
 2. `config.sft.steps` updates minimise the negative log-likelihood of the kept replies (their
    end-of-reply token included), token mean, through the same sharded train step as RL
-   (`policy_loss="nll"`) with AdamW at `config.sft.lr`. RL then starts from the warm-started
-   params with a fresh optimizer state.
+   (`policy_loss="nll"`) with AdamW from `config.sft.lr` decaying linearly to 0. RL then starts
+   from the warm-started params with a fresh optimizer state.
 
 Step s of a run with `config.seed` r trains on the demonstrations of the problems of seeds
 `sft.seed_offset + (r * sft.steps + s) * n + i`, i < n = `sft.problems_per_step`: disjoint from
@@ -52,12 +52,15 @@ def first_seed(c: ml_collections.ConfigDict, step: int) -> int:
   return c.sft.seed_offset + (c.seed * c.sft.steps + step) * c.sft.problems_per_step
 
 
-def train_config(rl: TrainConfig, optim: OptimConfig, lr: float, space: GroupSpace
+def train_config(rl: TrainConfig, optim: OptimConfig, lr: float, steps: int, space: GroupSpace
                  ) -> TrainConfig:
   """The warm-start's step: RL's model, mesh and memory settings with the "nll" loss (no KL,
-  entropy or clipping), AdamW `optim` at a constant `lr`, one update per batch. The step still
-  computes advantages, which "nll" ignores; with no group filter every demonstration counts."""
-  optim = dataclasses.replace(optim, lr=lr, schedule="constant", warmup_steps=0, hold_steps=0)
+  entropy or clipping), AdamW `optim` from `lr` decaying linearly to 0 over the `steps` updates
+  (the usual fine-tuning schedule: the last updates settle instead of jumping), one update per
+  batch. The step still computes advantages, which "nll" ignores; with no group filter every
+  demonstration counts."""
+  optim = dataclasses.replace(optim, lr=lr, schedule="linear", decay_steps=steps,
+                              end_lr_ratio=0.0, warmup_steps=0, hold_steps=0)
   policy = dataclasses.replace(rl.policy, optim=(optim,) * len(rl.policy.optim))
   return dataclasses.replace(
       rl, policy=policy, space=space, loss=losses.LossConfig(policy_loss="nll"),

@@ -235,8 +235,8 @@ class Run:
     self.sft_shape = self.sft_fns = None
     if c.sft.steps:
       self.sft_shape = batch_shape(c, self.spec, shards, procs, sft=True)
-      self.sft_fns = make_train_step(sft_lib.train_config(self.train_cfg, built.optim, c.sft.lr,
-                                                          self.sft_shape.space), self.mesh)
+      self.sft_fns = make_train_step(sft_lib.train_config(
+          self.train_cfg, built.optim, c.sft.lr, c.sft.steps, self.sft_shape.space), self.mesh)
 
   @property
   def params(self):

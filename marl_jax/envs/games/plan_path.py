@@ -157,10 +157,11 @@ class PlanPath(Game):
 
   def solver_program(self) -> str:
     """Breadth-first search over the rendered grid (P and G count as free), moves tried in
-    U, D, L, R order, so it prints `oracle()`'s path."""
-    grid = self.render().splitlines()[:self.height]
+    U, D, L, R order, so it prints `oracle()`'s path. The grid is written row per line, as the
+    prompt renders it."""
+    grid = "\n".join(self.render().splitlines()[:self.height])
     return (f"from collections import deque\n"
-            f"grid = {grid!r}\n"
+            f'grid = """\n{grid}\n""".split()\n'
             f"start, goal = {self.pos}, {self.goal}\n"
             "moves = {'U': (-1, 0), 'D': (1, 0), 'L': (0, -1), 'R': (0, 1)}\n"
             "queue, seen = deque([(start, [])]), {start}\n"
