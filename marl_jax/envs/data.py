@@ -1,6 +1,8 @@
 """Reading local task data files (no download ever happens here).
 
-Files are JSONL (one object a line), JSON (a list) or Parquet (via pyarrow). Each family's
+Files are JSONL (one object a line), JSON (a list) or Parquet (via pyarrow), or one split of a
+prepared TFDS dataset in a `data_dir`, named `<data_dir>/<name>[/<config>]/<version>@<split>`
+(TFDS split syntax, e.g. `@train[:90%]`). Each family's
 `data.py` turns rows into its canonical problem dicts (and caches loaded files per path, so
 building many envs from one file reads it once) and generates seeded problems for tests and CPU
 presets.
@@ -18,12 +20,19 @@ from marl_jax.errors import UserInputError
 
 
 def read_records(path: str | pathlib.Path) -> list[dict[str, Any]]:
-  """Rows of a .jsonl/.jsonl.gz, .json (a list of objects) or .parquet file.
+  """Rows of a .jsonl/.jsonl.gz, .json (a list of objects) or .parquet file, or of a TFDS split
+  (`<dataset version dir>@<split>`, see `read_tfds`).
 
   Raises UserInputError naming the file (and the line of a bad JSONL row) when it is missing, a
   directory, of an unknown kind or not valid JSON/UTF-8.
   """
+  version_dir, at, split = str(path).rpartition("@")
+  if at and (pathlib.Path(version_dir) / TFDS_INFO).is_file():
+    return read_tfds(version_dir, split)
   path = pathlib.Path(path)
+  if (path / TFDS_INFO).is_file():
+    raise UserInputError(f"{str(path)!r} is a TFDS dataset; name a split: '{path}@train' "
+                         f"(TFDS split syntax, e.g. @train[:90%])")
   name = path.name.lower()
   kinds = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
   if not name.endswith(kinds):
@@ -65,6 +74,47 @@ def read_records(path: str | pathlib.Path) -> list[dict[str, Any]]:
         raise UserInputError(f"{path}:{lineno}: not valid JSON ({e.msg} at column "
                              f"{e.colno})") from None
   return rows
+
+
+TFDS_INFO = "dataset_info.json"
+
+
+def read_tfds(version_dir: str, split: str) -> list[dict[str, Any]]:
+  """Rows of one split of a TFDS dataset prepared under a `data_dir` (the directory
+  `<data_dir>/<name>[/<config>]/<version>`), read through `tfds.data_source` without TensorFlow.
+
+  Why array_record only: TFDS reads its default tfrecord files through tf.data, i.e. TensorFlow,
+  which this stack does not install; array_record is what TFDS itself reads without it. Text
+  features decode to str and NumPy values to Python values, so rows look like JSONL rows.
+  """
+  import tensorflow_datasets as tfds  # imported lazily: only TFDS users pay for it
+
+  builder = tfds.builder_from_directory(version_dir)
+  file_format = builder.info.file_format
+  if file_format != tfds.core.FileFormat.ARRAY_RECORD:
+    raise UserInputError(
+        f"TFDS dataset {version_dir!r} is stored as {getattr(file_format, 'value', file_format)}, "
+        f"which needs TensorFlow to read; convert it once: tfds convert_format "
+        f"--dataset_version_dir={version_dir} --out_file_format=array_record")
+  try:
+    source = builder.as_data_source(split=split)
+  except (ValueError, KeyError) as e:
+    raise UserInputError(f"TFDS dataset {version_dir!r} has no split {split!r} "
+                         f"(its splits: {sorted(builder.info.splits)}): {e}") from None
+  return [_plain(source[i]) for i in range(len(source))]
+
+
+def _plain(value: Any) -> Any:
+  """A decoded TFDS example as JSON-like Python: bytes -> str, arrays -> lists, scalars -> numbers."""
+  if isinstance(value, dict):
+    return {k: _plain(v) for k, v in value.items()}
+  if isinstance(value, bytes):
+    return value.decode("utf-8")
+  if hasattr(value, "tolist"):  # NumPy arrays and scalars
+    return _plain(value.tolist())
+  if isinstance(value, (list, tuple)):
+    return [_plain(v) for v in value]
+  return value
 
 
 def file_rows(kind: str, load: Callable[..., Sequence[Any]], path_key: str,

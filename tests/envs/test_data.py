@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 
+import numpy as np
 import pytest
 
 from marl_jax.envs import data
@@ -86,3 +88,64 @@ def test_family_dataset_rows(tmp_path, family, key):
   assert task.dataset_rows({key: str(full)}) == 3
   with pytest.raises(UserInputError, match=rf"^{family} dataset '{empty}' has no rows$"):
     task.dataset_rows({key: str(empty)})
+
+
+@pytest.fixture(scope="module")
+def tfds_version_dir(tmp_path_factory):
+  """A GSM8K-shaped TFDS dataset (train 3 rows, test 2) prepared offline in array_record under a
+  data_dir, as `tfds build` leaves it; its version directory."""
+  import tensorflow_datasets as tfds
+
+  class TinyGsm(tfds.core.GeneratorBasedBuilder):
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+          "question": tfds.features.Text(), "answer": tfds.features.Text(),
+          "level": tfds.features.Scalar(dtype=np.int32)}))
+
+    def _split_generators(self, dl_manager):
+      return {"train": self._generate_examples(0, 3), "test": self._generate_examples(10, 2)}
+
+    def _generate_examples(self, start, n):
+      for i in range(start, start + n):
+        yield i, {"question": f"Tom has {i} äpples and buys 1. How many?",
+                  "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}", "level": i % 3}
+
+  data_dir = tmp_path_factory.mktemp("tfds")
+  TinyGsm(data_dir=str(data_dir), file_format="array_record").download_and_prepare()
+  return data_dir / "tiny_gsm" / "1.0.0"
+
+
+def test_reads_a_tfds_split_from_a_data_dir(tfds_version_dir):
+  """A prepared TFDS dataset is read without TensorFlow, one split at a time (split slicing
+  included), as plain JSON-like rows that the families' row mappers take as they take JSONL."""
+  from marl_jax.envs.math import task as math_task
+  version_dir = tfds_version_dir
+  test = data.read_records(f"{version_dir}@test")
+  assert test == [{"question": f"Tom has {i} äpples and buys 1. How many?",
+                   "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}", "level": i % 3}
+                  for i in (10, 11)]
+  assert [r["level"] for r in data.read_records(f"{version_dir}@train[:2]")] == [0, 1]
+  # Train on one split, evaluate on another: the math env reads each by its path.
+  assert math_task.dataset_rows({"path": f"{version_dir}@train"}) == 3
+  env = math_task.make_env(path=f"{version_dir}@test", index=1)
+  assert (env.problem.question, env.problem.answer) == (test[1]["question"], "12")
+
+
+def test_tfds_errors_are_one_line(tfds_version_dir, tmp_path):
+  version_dir = tmp_path / "1.0.0"
+  shutil.copytree(tfds_version_dir, version_dir)
+  with pytest.raises(UserInputError, match=r"is a TFDS dataset; name a split: '.*1.0.0@train'"):
+    data.read_records(version_dir)
+  with pytest.raises(UserInputError, match=r"has no split 'valid' \(its splits: \['test', "
+                     r"'train'\]\)") as raised:
+    data.read_records(f"{version_dir}@valid")
+  assert "\n" not in str(raised.value)
+  # A tfrecord dataset (TFDS's default format) needs TensorFlow: refused with the conversion.
+  info = json.loads((version_dir / data.TFDS_INFO).read_text())
+  (version_dir / data.TFDS_INFO).write_text(json.dumps({**info, "fileFormat": "tfrecord"}))
+  with pytest.raises(UserInputError, match=r"stored as tfrecord, which needs TensorFlow to read; "
+                     r"convert it once: tfds convert_format --dataset_version_dir=.*1.0.0 "
+                     r"--out_file_format=array_record$"):
+    data.read_records(f"{version_dir}@test")
