@@ -4,7 +4,10 @@ the plain-data declaration of a family's workflows and problem source.
 An environment (one problem, one episode) has `agents`, `turn`, `done`, `solved`, `clone()`,
 `observe(agent) -> Observation` and `step(agent, response, *, tool_output=None) -> StepResult`;
 rewards are additive agent-keyed contributions (the acting agent's entry goes to its own sample,
-other entries to those agents' samples of the same turn, see workflows/rollout.py).
+other entries to those agents' samples of the same turn, see workflows/rollout.py). An env whose
+agents make orchestration decisions may also define `final_rewards() -> {agent: value}`, settled
+when the episode ends and credited to each of that agent's samples (its decisions are judged by the
+episode they led to; the trace's `orchestration` channel).
 
 Each family package (envs/games, envs/math, envs/code, envs/writing, envs/search) declares, in
 its `task.py`, one `Task`: its env factory, its workflow variants as `Workflow`s (who acts, in

@@ -2,7 +2,10 @@
 
 Answers the questions one asks of a trace file: how many episodes and of which tasks, how long they
 were (events, simulated time), who acted and how, how often tools were called and messages sent,
-what it cost, and the mean of every reward channel and metric.
+what it cost, the mean of every reward channel and metric, and how learned orchestration decisions
+went (`orchestrator_decision` events that carry a `decision`): stop/continue rates, premature
+stops (stopped on a wrong answer while rounds were left) and over-runs (continued although the
+answer was already right).
 """
 from __future__ import annotations
 
@@ -29,12 +32,19 @@ def summarize(traces: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
   rewards: dict[str, list[float]] = collections.defaultdict(list)
   costs: dict[str, list[float]] = collections.defaultdict(list)
   metrics: dict[str, list[float]] = collections.defaultdict(list)
+  decisions: collections.Counter[str] = collections.Counter()
   for trace in traces:
     episodes += 1
     tasks[task_name(trace["task_id"])] += 1
     topologies[trace.get("topology", "unspecified")] += 1
     events = trace["events"]
     event_types.update(e["type"] for e in events)
+    for e in events:
+      if e["type"] == "orchestrator_decision" and "decision" in e:
+        decisions[e["decision"]] += 1
+        decisions["premature"] += (e["decision"] == "stop" and not e.get("correct")
+                                   and e.get("rounds_left", 0) > 0)
+        decisions["over_run"] += e["decision"] == "continue" and bool(e.get("correct"))
     agents.update(e["agent"] for e in events)
     edge_types.update(e["type"] for e in trace["edges"])
     lengths.append(len(events))
@@ -57,6 +67,7 @@ def summarize(traces: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
       "rewards": _channel_stats(rewards, total=False),
       "costs": _channel_stats(costs, total=True),
       "metrics": _channel_stats(metrics, total=False),
+      "decisions": _decision_stats(decisions),
   }
 
 
@@ -68,12 +79,28 @@ def format_summary(summary: Mapping[str, Any]) -> str:
   for key in ("tasks", "topologies", "events_by_type", "edges_by_type", "events_by_agent"):
     if summary[key]:
       lines.append(f"{key}: " + ", ".join(f"{k}={v}" for k, v in summary[key].items()))
+  if summary["decisions"]:
+    lines.append("decisions: " + ", ".join(f"{k}={_fmt(v)}" for k, v in
+                                           summary["decisions"].items()))
   for key in ("rewards", "costs", "metrics"):
     for name, stats in summary[key].items():
       total = f" total={_fmt(stats['total'])}" if "total" in stats else ""
       lines.append(f"{key[:-1]} {name}: mean={_fmt(stats['mean'])} min={_fmt(stats['min'])} "
                    f"max={_fmt(stats['max'])} count={stats['count']}{total}")
   return "\n".join(lines)
+
+
+def _decision_stats(counts: collections.Counter[str]) -> dict[str, Any]:
+  """Counts and rates of learned decisions; empty when the traces hold none."""
+  total = counts["stop"] + counts["continue"]
+  if not total:
+    return {}
+  stops = counts["stop"]
+  return {"decisions": total, "stop": stops, "continue": counts["continue"],
+          "stop_rate": stops / total, "premature_stops": counts["premature"],
+          "premature_rate": counts["premature"] / stops if stops else None,
+          "over_runs": counts["over_run"],
+          "over_run_rate": counts["over_run"] / counts["continue"] if counts["continue"] else None}
 
 
 def _channel_stats(values: Mapping[str, list[float]], *, total: bool) -> dict[str, dict[str, Any]]:

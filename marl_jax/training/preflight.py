@@ -36,8 +36,13 @@ def check(c: ml_collections.ConfigDict, workdir: str) -> config_lib.Built:
   train, _ = (registry.problem_kwargs(c.env.name, c.env.workflow, c.env.max_turns, 0,
                                       config_lib.env_kwargs(c, for_eval))
               for for_eval in (False, True))
+  env = registry.make_env(c.env.name, **train)
+  if hasattr(env, "final_rewards") and c.rollout.mode != "independent":
+    raise UserInputError(f"workflow {c.env.workflow!r} of {c.env.name!r} credits decisions with "
+                         f"the episode they led to, which config.rollout.mode="
+                         f"{c.rollout.mode!r} cannot carry; set config.rollout.mode='independent'")
   if c.sft.steps:  # the warm-start's demonstrations come from the training problems' envs
-    sft.check_env(registry.make_env(c.env.name, **train), built.spec.agents, c.env.name)
+    sft.check_env(env, built.spec.agents, c.env.name)
   return built
 
 

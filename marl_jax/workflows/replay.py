@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from marl_jax.traces.recorder import TEAM, agent_channel, task_name
+from marl_jax.traces.recorder import ORCHESTRATION, TEAM, agent_channel, task_name
 from marl_jax.traces.replay import event_text
 from marl_jax.workflows import registry
 
@@ -31,4 +31,6 @@ def recompute_rewards(trace: Mapping[str, Any], content: Mapping[str, str]) -> d
     for name, value in result.rewards.items():
       channels[agent_channel(name)] = channels.get(agent_channel(name), 0.0) + value
   channels[TEAM] = 1.0 if env.solved else 0.0
+  if hasattr(env, "final_rewards"):
+    channels[ORCHESTRATION] = sum(env.final_rewards().values())
   return channels

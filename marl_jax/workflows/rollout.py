@@ -23,6 +23,13 @@ goes to the sample just produced; entries for other agents go to those agents' s
 turn (in tree mode to all K samples of that group: they share the state the contribution is about,
 and a constant shift within a group leaves its advantages unchanged).
 
+Decision rewards (learned orchestration): an env whose agents make orchestration decisions (when
+to stop, ...) may define `final_rewards() -> {agent: value}`, settled when the episode ends and
+added to every sample of that agent in the trajectory, since a decision is judged by the episode
+it led to; the trace records the sum as the `orchestration` channel and each decision (a step whose
+info names a "decision") as an `orchestrator_decision` event. Only independent rollouts may carry
+them: in the tree modes a sample's branch is not the episode's.
+
 Team rewards (the global term, `alpha * team + local`): in the tree modes each sample carries the
 team reward (1 if solved) of *its own branch's* state right after its step, as PettingLLMs adds it
 per branch when the branch is stepped; a group's K candidates thus differ where their states do.
@@ -41,7 +48,7 @@ from marl_jax.algos import batch as batch_lib
 from marl_jax.envs import actions as actions_lib
 from marl_jax.envs import base as envs_base
 from marl_jax.sandbox import runner as sandbox
-from marl_jax.traces.recorder import TEAM, TraceRecorder, agent_channel
+from marl_jax.traces.recorder import ORCHESTRATION, TEAM, TraceRecorder, agent_channel
 from marl_jax.workflows import registry
 from marl_jax.workflows.spec import Cursor, WorkflowSpec, advance, first_cursor
 
@@ -181,6 +188,10 @@ def rollout(problems: Sequence[Problem], spec: WorkflowSpec, generate: Generate,
   live = [_start(p, spec, cfg, traj_id=batch_lib.traj_id(p.problem_id, j, trajs))
           for p in problems for j in range(cfg.k if cfg.mode == "independent" else 1)]
   per_branch_team = cfg.mode != "independent"
+  if per_branch_team and live and hasattr(live[0].env, "final_rewards"):
+    raise ValueError(f"environment {live[0].problem.task!r} settles decision rewards at the end of "
+                     f"each episode, which a {cfg.mode!r} rollout's shared branches cannot carry; "
+                     "use rollout mode 'independent'")
   episodes, safety_events = [], 0
   while live:
     forks = [cfg.mode == "magrpo_tree" and not ep.open for ep in live]
@@ -310,7 +321,7 @@ def _step_episode(ep: _Episode, spec: WorkflowSpec, messages: list[dict[str, str
   for name, value in result.rewards.items():
     ep.channels[agent_channel(name)] = ep.channels.get(agent_channel(name), 0.0) + value
   if ep.recorder is not None:
-    _record_step(ep, spec, replies[best], tool_outputs[best], len(candidates), best)
+    _record_step(ep, spec, replies[best], tool_outputs[best], len(candidates), best, result.info)
   ep.env, ep.parent = env, chosen_index
   ep.cursor = advance(spec, ep.cursor, replies[best].text, result.done)
   if ep.cursor.turn != turn:
@@ -330,13 +341,19 @@ def _safety_event(ep: _Episode, agent: str, error: Exception) -> envs_base.StepR
 
 
 def _record_step(ep: _Episode, spec: WorkflowSpec, gen: Generation, tool_output: str | None,
-                 num_candidates: int, chosen: int) -> None:
+                 num_candidates: int, chosen: int, info: dict[str, Any]) -> None:
   rec = ep.recorder
   agent = ep.cursor.agent
   reply = rec.event("message", agent, content=gen.text, after=[(ep.last_event, "causal")],
                     role=agent, sender=agent, tokens=len(gen.prompt_ids) + len(gen.token_ids),
                     turn=ep.cursor.turn, candidates=num_candidates, selected=chosen)
   ep.last_event = reply
+  if "decision" in info:  # the reply was an orchestration decision: what and in which state
+    ep.last_event = rec.event("orchestrator_decision", agent, after=[(reply, "causal")],
+                              turn=ep.cursor.turn, decision=info["decision"],
+                              correct=bool(info.get("correct")), round=info.get("round"),
+                              rounds_left=spec.max_turns - ep.cursor.turn - 1,
+                              channel=ORCHESTRATION)
   if tool_output is not None:
     call = rec.event("tool_call", agent, content=actions_lib.extract_code(gen.text) or "",
                      after=[(reply, "tool_dependency")], tool="python_sandbox")
@@ -357,6 +374,11 @@ def _finish(ep: _Episode, samples: list[Sample], per_branch_team: bool) -> Episo
     for index in ep.samples:
       samples[index].team_reward = team
   rewards = dict(ep.channels, **{TEAM: team})
+  if hasattr(ep.env, "final_rewards"):  # decisions judged by the episode they led to
+    final = ep.env.final_rewards()
+    for index in ep.samples:
+      samples[index].reward += final.get(samples[index].agent, 0.0)
+    rewards[ORCHESTRATION] = sum(final.values())
   trace, content = None, {}
   if ep.recorder is not None:
     ep.recorder.event("return", ORCHESTRATOR, after=[(ep.last_event, "return")], solved=solved)

@@ -47,6 +47,7 @@ AXES = {
        for name in ("drmas_math", "drmas_search")},
     **{name: {"estimator": common.MAGRPO_ESTIMATORS, "models": _module(name).MODELS}
        for name in ("magrpo_tldr", "magrpo_arxiv", "magrpo_humaneval")},
+    "orchestration_stop": {"models": common.MODELS},
 }
 FILES = tuple(AXES)
 # The AT-GRPO game files share the game table's axis (the plan_path cpu run: tests/training).
@@ -127,6 +128,11 @@ PAPER_DEFAULTS = {
                      "model": "qwen3-1.7b", "optim.lr": 5e-6, "sampling.temperature": 0.7,
                      "sampling.top_p": 0.9, "sampling.max_new_tokens": 256},
     "magrpo_humaneval": {**_MAGRPO, "env.name": "code", "model": "qwen2.5-3b", "optim.lr": 1e-5},
+    # Not a paper's: Dr. MAS math with its exit made a coordinator's decision (issue 14).
+    "orchestration_stop": {**_DRMAS, "env.name": "math", "model": "qwen3-4b",
+                           "env.workflow": "learned_stop", "env.max_turns": 3,
+                           "algo.group_by": "problem_turn_agent", "env.kwargs.round_cost": 0.1,
+                           "rollout.problems_per_step": 32, "rollout.k": 8},
 }
 
 

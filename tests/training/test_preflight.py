@@ -130,6 +130,19 @@ def test_dynamic_sampling_needs_one_process(tmp_path, monkeypatch):
   preflight.check(c, str(tmp_path / "three"))
 
 
+def test_decision_workflows_need_independent_rollouts(tmp_path):
+  """learned_stop credits each coordinator decision with its own trajectory's episode; a tree
+  rollout (branches sharing states) is refused before the model loads."""
+  from configs import orchestration_stop
+  c = orchestration_stop.get_config("cpu")
+  preflight.check(c, str(tmp_path / "ok"))
+  c.rollout.mode = "tree"
+  with pytest.raises(UserInputError, match=r"^workflow 'learned_stop' of 'math' credits decisions "
+                     r".* config.rollout.mode='tree' cannot carry; set "
+                     r"config.rollout.mode='independent'$"):
+    preflight.check(c, str(tmp_path / "tree"))
+
+
 @pytest.mark.parametrize("estimator, group_by, refused", [
     ("at_grpo", None, True),  # its default grouping is (problem, turn, agent)
     ("grpo", None, False),  # grouped by problem: k=1 still has the problem's other turns/agents

@@ -15,6 +15,16 @@ is `solved` (1/0), which the estimators mix in as `alpha * team + local`.
           call's local reward is -format_penalty (0.1) when its format is invalid, else 0; the
           episode reward, 1/0 on the last solver answer, is the team reward
           (Dr. MAS: every call gets the episode reward minus its own penalty: use alpha = 1).
+'learned_stop'  the Dr. MAS loop with its stop rule made a learned decision (orchestration O5,
+          PAPERS.md section 5): each round a solver answers, a verifier reviews, then a
+          coordinator replies `#### stop` (end with this answer) or `#### continue` (another
+          round); `max_loops` stays as a safety cap (the last round is the solver's alone, as in
+          'drmas'). A reply without a decision stops, with the format penalty. The coordinator's
+          decisions are judged by the episode they led to: `final_rewards` gives it
+          -round_cost x rounds (minus `premature_penalty` when it stopped on a wrong answer
+          with rounds left), credited to each of its decisions, beside the team reward.
+          With round_cost 0 and a coordinator that stops exactly when the verifier approves,
+          every reward equals the 'drmas' episode's.
 'marft'   a sequential chain of profiled agents (default reasoner -> actor): each sees its profile,
           the transcript so far and the earlier agents' outputs of this step; only the last
           agent's `\\boxed{}` answer is scored (1/0 to it); "The answer is incorrect." is appended
@@ -37,6 +47,7 @@ INCORRECT = "The answer is incorrect."
 _MAX_SHOWN = 3000
 _APPROVE = re.compile(r"<verify>\s*approve\s*</verify>", re.IGNORECASE)
 _REJECT = re.compile(r"<verify>\s*reject\s*</verify>", re.IGNORECASE)
+_DECISION = re.compile(r"####\s*(stop|continue)\b", re.IGNORECASE)
 
 TOOL_SYSTEM = (
     "You are the tool agent of a two-agent math team. Write one self-contained Python program in "
@@ -49,6 +60,10 @@ SOLVER_SYSTEM = "Solve the math problem step by step and put the final answer in
 VERIFIER_SYSTEM = (
     "You verify a math solution. Check every step. End your reply with <verify>approve</verify> "
     "if the final answer is correct, or <verify>reject</verify> if it is not.")
+COORDINATOR_SYSTEM = (
+    "You coordinate a math team: a solver proposed an answer and a verifier reviewed it. Decide "
+    "whether to stop with this answer or let them try another round; every round costs time. "
+    "End your reply with `#### stop` or `#### continue`.")
 PROFILES = {
     "reasoner": "You are the reasoner: analyse the problem and lay out a step-by-step solution "
                 "plan with the key computations.",
@@ -80,6 +95,18 @@ def verdict(response: str) -> str | None:
   if _APPROVE.search(response):
     return "approve"
   return "reject" if _REJECT.search(response) else None
+
+
+def decision(response: str) -> str | None:
+  """The coordinator's decision: 'stop' or 'continue' from its last `#### stop|continue`, None
+  when it names none."""
+  found = _DECISION.findall((response or "")[-2000:])
+  return found[-1].lower() if found else None
+
+
+def stops(response: str) -> bool:
+  """Loop exit of the 'learned_stop' workflow: anything but `#### continue` stops."""
+  return decision(response) != "continue"
 
 
 def approves(response: str) -> bool:
@@ -219,6 +246,70 @@ class DrMASMathEnv(_MathEnv):
     return StepResult(agent, None, {"verifier": -self.format_penalty if invalid else 0.0},
                       self.done, {"verdict": decision, "format_error": invalid,
                                   "solved": self.solved})
+
+
+class LearnedStopMathEnv(DrMASMathEnv):
+  """The 'learned_stop' workflow (module doc): the Dr. MAS loop plus a coordinator that decides,
+  after the verifier, whether another round is worth its cost."""
+
+  agents = ("solver", "verifier", "coordinator")
+
+  def __init__(self, problem: MathProblem, max_loops: int = 3, format_penalty: float = 0.1,
+               round_cost: float = 0.0, premature_penalty: float = 0.0):
+    super().__init__(problem, max_loops, format_penalty)
+    if round_cost < 0 or premature_penalty < 0:
+      raise ValueError(f"round_cost and premature_penalty must be >= 0; got {round_cost}, "
+                       f"{premature_penalty}")
+    self.round_cost = round_cost
+    self.premature_penalty = premature_penalty
+    self.review = ""  # the verifier's reply of this round
+    self.rounds = 0  # solver replies so far
+    self.premature = False
+
+  def observe(self, agent: str) -> Observation:
+    if agent == "solver" and self.rejected:
+      return Observation(agent, self.turn, SOLVER_SYSTEM,
+                         f"{self._task()}\nYour previous solution:\n"
+                         f"{truncate(self.solution, _MAX_SHOWN)}\nA verifier reviewed it:\n"
+                         f"{truncate(self.rejected[-1], 1500)}\nThe coordinator asked for "
+                         "another round. Solve the problem again.")
+    if agent != "coordinator":
+      return super().observe(agent)
+    left = self.max_turns - self.turn - 1
+    return Observation(agent, self.turn, COORDINATOR_SYSTEM,
+                       f"{self._task()}\nProposed solution:\n{truncate(self.solution, 1500)}\n"
+                       f"Its answer: {self.answer}\nVerifier's review:\n"
+                       f"{truncate(self.review, 1500)}\nRounds left after this one: {left}.")
+
+  def step(self, agent: str, response: str, *, tool_output: str | None = None) -> StepResult:
+    if agent == "solver":
+      self.rounds += 1
+      return super().step(agent, response, tool_output=tool_output)
+    if agent == "verifier":
+      self._begin(agent)
+      review = verdict(response)
+      self.review = response
+      invalid = review is None
+      return StepResult(agent, None, {"verifier": -self.format_penalty if invalid else 0.0},
+                        False, {"verdict": review, "format_error": invalid})
+    self._begin(agent)
+    chosen = decision(response)
+    invalid = chosen is None
+    if chosen == "continue":
+      self.rejected += (self.review,)
+    else:
+      self.finished = True
+      self.premature = not self.final_correct  # a round was left: the cap ends at the solver
+    self.turn += 1
+    return StepResult(agent, None, {"coordinator": -self.format_penalty if invalid else 0.0},
+                      self.done, {"decision": chosen or "stop", "format_error": invalid,
+                                  "correct": self.final_correct, "round": self.rounds,
+                                  "solved": self.solved})
+
+  def final_rewards(self) -> dict[str, float]:
+    """The coordinator's orchestration reward, settled at the end (envs/base.py)."""
+    return {"coordinator": 0.0 - self.round_cost * self.rounds
+            - self.premature_penalty * float(self.premature)}
 
 
 class MARFTMathEnv(_MathEnv):

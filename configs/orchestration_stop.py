@@ -1,0 +1,39 @@
+"""Learned stopping (orchestration decision O5, PAPERS.md section 5; issue: no published RL method
+learns it): the Dr. MAS math loop (solver -> verifier) with its exit made a coordinator's decision,
+`#### stop` or `#### continue`, after every review; the round cap (3) is only a safety limit.
+
+Credit: every decision is a sample in its own group (problem, round, coordinator), scored with the
+episode it led to: the team reward (1/0 on the final answer, alpha 1) minus `round_cost` per
+solver round used (`--config.env.kwargs.round_cost`, default 0.1) and, when set,
+`premature_penalty` for stopping on a wrong answer with rounds left; format penalties as Dr. MAS.
+Advantages: the `drmas` estimator (unbiased std; a singleton group keeps its reward) over
+(problem, turn, agent) groups, so round-r decisions compete only with round-r decisions.
+Everything else as `configs/drmas_math.py` (K = 8 independent trajectories per question, lr 1e-6,
+Qwen3-4B: pass `--config.model=/path/to/Qwen3-4B`); round_cost 0 with a coordinator that stops
+when the verifier approves is the fixed Dr. MAS loop.
+
+`get_config("[MODELS][,cpu]")`: MODELS `shared` (default: one model, role prompts), `lora` or
+`full` (one per agent). `cpu`: the embedded SmolLM2-135M at the shared CPU preset's sizes
+(2 problems x 2 trajectories, 48-token replies, 2 steps).
+"""
+
+from __future__ import annotations
+
+from configs import common
+
+
+def get_config(preset: str | None = None):
+  choice, cpu = common.parse_preset(preset, {"models": common.MODELS})
+  c = common.drmas_config("math", "drmas", model="qwen3-4b", max_turns=3, questions=32, k=8,
+                          entropy_coef=0.0)
+  c.name = f"orchestration_stop_math_{choice['models']}"
+  c.env.workflow = "learned_stop"
+  c.algo.group_by = "problem_turn_agent"
+  common.apply_models(c, choice["models"])
+  common.data_fields(c, path=None, fmt="auto")
+  c.env.kwargs.round_cost = 0.1
+  c.env.kwargs.premature_penalty = 0.0
+  if cpu:
+    common.cpu_preset(c)
+    c.eval.k = 2
+  return c
