@@ -9,6 +9,8 @@
   mas_shared   MAS + AT-GRPO, one shared model with role prompts  (default)
   mas_lora     MAS + AT-GRPO, one LoRA adapter per role (rank 16, alpha 32)
   mas_full     MAS + AT-GRPO, one full model per role
+  mas_grpo     the grouping ablation: the shared team trained with plain GRPO (independent
+               rollouts, one group per problem) instead of AT-GRPO's tree groups
 Defaults are the paper's: Qwen3-1.7B (pass `--config.model=/path/to/Qwen3-1.7B`), 32 problems x
 K=8 tree branches, 200 steps, response 2048 tokens, lr 1e-6 constant, clip 0.2/0.2, dual-clip 3,
 token-mean loss, grad clip 1.0, weight decay 0.01, lowest-mean 50% group filtering, validation
@@ -26,7 +28,8 @@ import ml_collections
 from configs.common import CPU_MAX_NEW_TOKENS, cpu_preset, parse_preset
 from marl_jax.training.config import base_config
 
-VARIANTS = ("mas_shared", "single", "sa_grpo", "mas_norl", "mas_lora", "mas_full")  # default first
+VARIANTS = ("mas_shared", "single", "sa_grpo", "mas_norl", "mas_lora", "mas_full",
+            "mas_grpo")  # default first
 EVAL_ONLY = ("single", "mas_norl")
 
 
@@ -55,6 +58,8 @@ def game_config(env_name: str, env_kwargs: dict, max_turns: int, variant: str,
   c.train.mini_batch_size, c.train.epochs = 16, 1  # ppo_mini_batch_size: 16, ppo_epochs: 1
   c.train.recompute_old_logp = True  # multi_agents_ppo_trainer: "recompute old_log_probs"
   c.train.eval_only = variant in EVAL_ONLY
+  if variant == "mas_grpo":
+    c.algo.estimator, c.rollout.mode = "grpo", "independent"
   if cpu:  # README's main job: about 10 minutes on a 2-core CPU
     cpu_preset(c)
     c.sampling.max_new_tokens = 64  # the games keep their own two values; task_config resets them
@@ -78,16 +83,12 @@ def task_config(env_name: str, team_workflow: str, max_turns: int,
   """
   choice, cpu = parse_preset(preset, {"variant": TASK_VARIANTS})
   variant = choice["variant"]
-  base_variant = "mas_shared" if variant == "mas_grpo" else variant
-  c = game_config(env_name, {}, 1 if cpu else max_turns, base_variant, cpu)
+  c = game_config(env_name, {}, 1 if cpu else max_turns, variant, cpu)
   c.name = f"atgrpo_{env_name}_{variant}"
   single = c.env.workflow == "single"
   c.env.workflow = "single" if single else team_workflow
   if single:
     c.env.max_turns = 1
-  if variant == "mas_grpo":
-    c.algo.estimator = "grpo"
-    c.rollout.mode = "independent"
   c.algo.alpha = 0.0 if single else 1.0
   if cpu:
     c.eval.num_problems = 2

@@ -8,35 +8,12 @@ our line instead never reached the loader.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from entry_points import error_line, run
+
 GAME = "--config=configs/atgrpo_plan_path.py:mas_shared,cpu"
 MATH = "--config=configs/drmas_math.py:cpu"
-
-
-def run(module: str, *args: str) -> subprocess.CompletedProcess:
-  env = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-  return subprocess.run([sys.executable, "-m", f"experiments.{module}", *args], cwd=REPO,
-                        capture_output=True, text=True, timeout=300, env=env)
-
-
-def error_line(result: subprocess.CompletedProcess, *needles: str) -> str:
-  """The single `error:` line; asserts the exit status, no traceback and that it names `needles`."""
-  assert result.returncode != 0, result
-  assert "Traceback" not in result.stderr, result.stderr
-  errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-  assert len(errors) == 1, result.stderr
-  assert result.stderr.strip().splitlines()[-1] == errors[0], result.stderr  # nothing after it
-  for needle in needles:
-    assert needle in errors[0], errors[0]
-  return errors[0]
-
 
 @pytest.fixture
 def empty_model(tmp_path) -> str:
