@@ -1,0 +1,34 @@
+"""experiments.evaluate on a named evaluation set: train on one file, evaluate on another in the
+same workdir, results under the set's name (the split reproduce collects)."""
+
+from __future__ import annotations
+
+import json
+
+import toy_task
+from configs import drmas_math
+from experiments.evaluate import run_evaluation
+from marl_jax.traces import store
+
+
+def test_evaluates_a_named_split_from_its_own_file(tmp_path):
+  model = tmp_path / "model"
+  toy_task.write_tiny_model(str(model))
+  train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+  train.write_text(json.dumps({"question": "1 + 1?", "answer": "2"}) + "\n")
+  test.write_text("".join(json.dumps({"problem": f"What is {i} + 3?", "answer": str(i + 3)})
+                          + "\n" for i in range(3)))
+  c = drmas_math.get_config("cpu")
+  c.model = str(model)
+  c.sampling.max_new_tokens, c.eval.top_p = 8, None
+  c.logging.wandb_mode, c.logging.console, c.logging.progress = "disabled", False, False
+  c.env.kwargs.path, c.eval.env_kwargs.path, c.eval.num_problems = str(train), str(test), 3
+  workdir = tmp_path / "run"
+  result = run_evaluation(c, str(workdir), None, "test")
+  assert result["step"] == 0 and set(result) >= {"test/accuracy", "test/pass@2"}
+  assert json.loads((workdir / "eval" / "test_step0.json").read_text()) == result
+  traces = store.load_traces(workdir / "traces" / "test_step0.jsonl")
+  assert len(traces) == 3 * c.eval.k  # every row of the test file, k episodes each
+  kwargs = [t["events"][0]["env_kwargs"] for t in traces]
+  assert {k["path"] for k in kwargs} == {str(test)}
+  assert sorted({k["index"] for k in kwargs}) == [0, 1, 2]
