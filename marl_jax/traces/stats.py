@@ -3,9 +3,10 @@
 Answers the questions one asks of a trace file: how many episodes and of which tasks, how long they
 were (events, simulated time), who acted and how, how often tools were called and messages sent,
 what it cost, the mean of every reward channel and metric, and how learned orchestration decisions
-went (`orchestrator_decision` events that carry a `decision`): stop/continue rates, premature
-stops (stopped on a wrong answer while rounds were left) and over-runs (continued although the
-answer was already right).
+went (`orchestrator_decision` events that carry a `decision`): counts per decision, stop rate,
+premature stops (stopped on a wrong answer while rounds were left), over-runs (continued although
+the answer was already right), workers spawned per episode, and aggregation quality (how often
+the aggregate was right when some worker was).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def summarize(traces: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
   costs: dict[str, list[float]] = collections.defaultdict(list)
   metrics: dict[str, list[float]] = collections.defaultdict(list)
   decisions: collections.Counter[str] = collections.Counter()
+  flags: collections.Counter[str] = collections.Counter()
   for trace in traces:
     episodes += 1
     tasks[task_name(trace["task_id"])] += 1
@@ -42,9 +44,15 @@ def summarize(traces: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     for e in events:
       if e["type"] == "orchestrator_decision" and "decision" in e:
         decisions[e["decision"]] += 1
-        decisions["premature"] += (e["decision"] == "stop" and not e.get("correct")
-                                   and e.get("rounds_left", 0) > 0)
-        decisions["over_run"] += e["decision"] == "continue" and bool(e.get("correct"))
+        flags["premature"] += (e["decision"] == "stop" and not e.get("correct")
+                               and e.get("rounds_left", 0) > 0)
+        flags["over_run"] += e["decision"] == "continue" and bool(e.get("correct"))
+      elif e["type"] == "spawn":
+        flags["spawned"] += 1
+      elif e["type"] == "aggregate" and "any_worker_correct" in e:
+        flags["aggregates"] += 1
+        flags["any_right"] += bool(e["any_worker_correct"])
+        flags["kept_right"] += bool(e["any_worker_correct"] and e.get("correct"))
     agents.update(e["agent"] for e in events)
     edge_types.update(e["type"] for e in trace["edges"])
     lengths.append(len(events))
@@ -67,7 +75,7 @@ def summarize(traces: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
       "rewards": _channel_stats(rewards, total=False),
       "costs": _channel_stats(costs, total=True),
       "metrics": _channel_stats(metrics, total=False),
-      "decisions": _decision_stats(decisions),
+      "decisions": _decision_stats(decisions, flags, episodes),
   }
 
 
@@ -90,17 +98,26 @@ def format_summary(summary: Mapping[str, Any]) -> str:
   return "\n".join(lines)
 
 
-def _decision_stats(counts: collections.Counter[str]) -> dict[str, Any]:
-  """Counts and rates of learned decisions; empty when the traces hold none."""
-  total = counts["stop"] + counts["continue"]
+def _decision_stats(decisions: collections.Counter[str], flags: collections.Counter[str],
+                    episodes: int) -> dict[str, Any]:
+  """Counts and rates of learned orchestration decisions; empty when the traces hold none."""
+  total = sum(decisions.values())
   if not total:
     return {}
-  stops = counts["stop"]
-  return {"decisions": total, "stop": stops, "continue": counts["continue"],
-          "stop_rate": stops / total, "premature_stops": counts["premature"],
-          "premature_rate": counts["premature"] / stops if stops else None,
-          "over_runs": counts["over_run"],
-          "over_run_rate": counts["over_run"] / counts["continue"] if counts["continue"] else None}
+  out: dict[str, Any] = {"decisions": total, **dict(sorted(decisions.items()))}
+  stops, continues = decisions["stop"], decisions["continue"]
+  if stops or continues:
+    out.update(stop_rate=stops / (stops + continues), premature_stops=flags["premature"],
+               premature_rate=flags["premature"] / stops if stops else None,
+               over_runs=flags["over_run"],
+               over_run_rate=flags["over_run"] / continues if continues else None)
+  if flags["spawned"]:
+    out["spawned_per_episode"] = flags["spawned"] / episodes
+  if flags["aggregates"]:
+    out.update(aggregates=flags["aggregates"], any_worker_right=flags["any_right"],
+               kept_right_rate=(flags["kept_right"] / flags["any_right"]
+                                if flags["any_right"] else None))
+  return out
 
 
 def _channel_stats(values: Mapping[str, list[float]], *, total: bool) -> dict[str, dict[str, Any]]:

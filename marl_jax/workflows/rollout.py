@@ -26,9 +26,11 @@ and a constant shift within a group leaves its advantages unchanged).
 Decision rewards (learned orchestration): an env whose agents make orchestration decisions (when
 to stop, ...) may define `final_rewards() -> {agent: value}`, settled when the episode ends and
 added to every sample of that agent in the trajectory, since a decision is judged by the episode
-it led to; the trace records the sum as the `orchestration` channel and each decision (a step whose
-info names a "decision") as an `orchestrator_decision` event. Only independent rollouts may carry
-them: in the tree modes a sample's branch is not the episode's.
+it led to; the trace records the sum as the `orchestration` channel. A step's info drives the
+orchestration events: "decision" an `orchestrator_decision`, "spawn" (worker names) one `spawn`
+each, "aggregate" (worker names) an `aggregate` event with edges from those workers' replies, then
+their `despawn`. Only independent rollouts may carry decision rewards: in the tree modes a
+sample's branch is not the episode's.
 
 Team rewards (the global term, `alpha * team + local`): in the tree modes each sample carries the
 team reward (1 if solved) of *its own branch's* state right after its step, as PettingLLMs adds it
@@ -178,6 +180,7 @@ class _Episode:
   samples: list[int] = dataclasses.field(default_factory=list)
   parent: int = -1
   last_event: str | None = None
+  replies: dict[str, str] = dataclasses.field(default_factory=dict)  # agent -> its last message
 
 
 def rollout(problems: Sequence[Problem], spec: WorkflowSpec, generate: Generate, params: Any,
@@ -226,7 +229,8 @@ def _fork(ep: _Episode, k: int, branching: int, max_turns: int) -> list[_Episode
   return [dataclasses.replace(
       ep, traj_id=batch_lib.child_traj(ep.traj_id, turn, g, branching, max_turns),
       recorder=None if ep.recorder is None else ep.recorder.fork(), open={},
-      channels=dict(ep.channels), samples=list(ep.samples)) for g in range(k)]
+      channels=dict(ep.channels), samples=list(ep.samples), replies=dict(ep.replies))
+      for g in range(k)]
 
 
 def _start(problem: Problem, spec: WorkflowSpec, cfg: RolloutConfig, traj_id: int) -> _Episode:
@@ -347,13 +351,25 @@ def _record_step(ep: _Episode, spec: WorkflowSpec, gen: Generation, tool_output:
   reply = rec.event("message", agent, content=gen.text, after=[(ep.last_event, "causal")],
                     role=agent, sender=agent, tokens=len(gen.prompt_ids) + len(gen.token_ids),
                     turn=ep.cursor.turn, candidates=num_candidates, selected=chosen)
-  ep.last_event = reply
+  ep.last_event = ep.replies[agent] = reply
   if "decision" in info:  # the reply was an orchestration decision: what and in which state
     ep.last_event = rec.event("orchestrator_decision", agent, after=[(reply, "causal")],
                               turn=ep.cursor.turn, decision=info["decision"],
                               correct=bool(info.get("correct")), round=info.get("round"),
                               rounds_left=spec.max_turns - ep.cursor.turn - 1,
                               channel=ORCHESTRATION)
+  decided = ep.last_event
+  for worker in info.get("spawn", ()):
+    rec.event("spawn", agent, after=[(decided, "spawn")], receiver=worker, turn=ep.cursor.turn,
+              channel=ORCHESTRATION)
+  if "aggregate" in info:  # the aggregator's reply combines the spawned workers' replies
+    workers = info["aggregate"]
+    ep.last_event = rec.event(
+        "aggregate", agent, after=[(ep.replies[w], "aggregate") for w in workers],
+        turn=ep.cursor.turn, workers=list(workers), correct=bool(info.get("correct")),
+        any_worker_correct=bool(info.get("any_worker_correct")), channel=ORCHESTRATION)
+    for worker in workers:
+      rec.event("despawn", worker, after=[(ep.last_event, "causal")], turn=ep.cursor.turn)
   if tool_output is not None:
     call = rec.event("tool_call", agent, content=actions_lib.extract_code(gen.text) or "",
                      after=[(reply, "tool_dependency")], tool="python_sandbox")

@@ -6,7 +6,10 @@ Three kinds cover the papers' systems:
   loop        sequential, plus an exit: after `exit_agent` acts, `exit_when(response)` ends the
               episode (Dr. MAS's solver -> verifier loop that stops on approval);
   router      every turn, `agents[0]` routes: `route(response)` names which of the other agents
-              acts next (Dr. MAS search: verifier -> search agent or answer agent).
+              acts next (Dr. MAS search: verifier -> search agent or answer agent);
+  spawn       every turn, `agents[0]` decides how many workers to spawn: `spawn(response)` = n
+              runs the first n of the workers `agents[1:-1]`, each on its own, then the
+              aggregator `agents[-1]` (learned orchestration: when to spawn, how to aggregate).
 
 The workflow decides order only; rewards, prompts and termination of the task live in the
 environment, so one engine runs every workflow.
@@ -17,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 
-KINDS = ("sequential", "loop", "router")
+KINDS = ("sequential", "loop", "router", "spawn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +35,7 @@ class WorkflowSpec:
   exit_agent: str | None = None  # loop only
   exit_when: Callable[[str], bool] | None = None  # loop only
   route: Callable[[str], str] | None = None  # router only: router reply -> next agent
+  spawn: Callable[[str], int] | None = None  # spawn only: spawner reply -> workers to run
   topology: str = "planner_executor_critic"  # trace topology label (PAPERS.md section 5)
 
   def __post_init__(self):
@@ -50,6 +54,8 @@ class WorkflowSpec:
                        f"exit_agent={self.exit_agent!r}")
     if self.kind == "router" and (self.route is None or len(self.agents) < 2):
       raise ValueError("a router workflow needs route and at least one agent besides the router")
+    if self.kind == "spawn" and (self.spawn is None or len(self.agents) < 3):
+      raise ValueError("a spawn workflow needs spawn and agents (spawner, worker..., aggregator)")
 
   def agent_id(self, agent: str) -> int:
     return self.agents.index(agent)
@@ -64,10 +70,12 @@ class WorkflowSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Cursor:
-  """Where an episode stands in its workflow: the turn and who acts next (None = finished)."""
+  """Where an episode stands in its workflow: the turn, who acts next (None = finished) and, in a
+  spawn workflow, the spawned workers still to act after it."""
 
   turn: int = 0
   agent: str | None = None
+  pending: tuple[str, ...] = ()
 
 
 def first_cursor(spec: WorkflowSpec) -> Cursor:
@@ -85,6 +93,18 @@ def advance(spec: WorkflowSpec, cursor: Cursor, response: str, env_done: bool) -
       if chosen not in agents[1:]:
         raise ValueError(f"route() returned {chosen!r}; expected one of {agents[1:]}")
       return Cursor(cursor.turn, chosen)
+    turn, nxt = cursor.turn + 1, agents[0]
+  elif spec.kind == "spawn":
+    workers = agents[1:-1]
+    if cursor.agent == agents[0]:
+      n = spec.spawn(response)
+      if not 1 <= n <= len(workers):
+        raise ValueError(f"spawn() returned {n!r}; expected 1..{len(workers)} workers")
+      return Cursor(cursor.turn, workers[0], workers[1:n])
+    if cursor.pending:
+      return Cursor(cursor.turn, cursor.pending[0], cursor.pending[1:])
+    if cursor.agent != agents[-1]:
+      return Cursor(cursor.turn, agents[-1])
     turn, nxt = cursor.turn + 1, agents[0]
   else:
     if spec.kind == "loop" and cursor.agent == spec.exit_agent and spec.exit_when(response):

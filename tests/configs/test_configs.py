@@ -48,6 +48,7 @@ AXES = {
     **{name: {"estimator": common.MAGRPO_ESTIMATORS, "models": _module(name).MODELS}
        for name in ("magrpo_tldr", "magrpo_arxiv", "magrpo_humaneval")},
     "orchestration_stop": {"models": common.MODELS},
+    "orchestration_spawn": {"models": common.MODELS},
 }
 FILES = tuple(AXES)
 # The AT-GRPO game files share the game table's axis (the plan_path cpu run: tests/training).
@@ -133,6 +134,10 @@ PAPER_DEFAULTS = {
                            "env.workflow": "learned_stop", "env.max_turns": 3,
                            "algo.group_by": "problem_turn_agent", "env.kwargs.round_cost": 0.1,
                            "rollout.problems_per_step": 32, "rollout.k": 8},
+    "orchestration_spawn": {**_DRMAS, "env.name": "math", "model": "qwen3-4b",
+                            "env.workflow": "spawn", "env.max_turns": 1,
+                            "algo.group_by": "problem_turn_agent", "env.kwargs.spawn_cost": 0.1,
+                            "rollout.problems_per_step": 32, "rollout.k": 8},
 }
 
 

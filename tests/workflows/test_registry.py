@@ -39,5 +39,6 @@ def test_unknown_names_fail_with_one_line():
   with pytest.raises(ValueError, match=r"unknown environment 'chess'; expected one of \["):
     registry.make_env("chess", seed=0)
   with pytest.raises(ValueError, match="unknown workflow 'debate' for environment 'math'; "
-                                       "expected one of \\['atgrpo', 'drmas', 'marft', 'single'\\]"):
+                                       "expected one of \\['atgrpo', 'drmas', 'learned_stop', "
+                                       "'spawn', 'marft', 'single'\\]"):
     registry.workflow_spec("math", "debate")

@@ -25,6 +25,13 @@ is `solved` (1/0), which the estimators mix in as `alpha * team + local`.
           with rounds left), credited to each of its decisions, beside the team reward.
           With round_cost 0 and a coordinator that stops exactly when the verifier approves,
           every reward equals the 'drmas' episode's.
+'spawn'   learned spawning and aggregation (orchestration O1/O4): a dispatcher replies `#### N`
+          to spawn N of `max_workers` (4) solvers, each answers on its own in `\\boxed{}`, then an
+          aggregator sees their answers and gives the team's final `\\boxed{}` answer (solved).
+          A dispatcher reply without a number spawns 1, with the format penalty. Local rewards:
+          the format penalty of each call; `final_rewards` gives the dispatcher -spawn_cost x N.
+          The trace's aggregate event records whether the aggregator kept a right answer that
+          some worker had (aggregation quality).
 'marft'   a sequential chain of profiled agents (default reasoner -> actor): each sees its profile,
           the transcript so far and the earlier agents' outputs of this step; only the last
           agent's `\\boxed{}` answer is scored (1/0 to it); "The answer is incorrect." is appended
@@ -48,6 +55,8 @@ _MAX_SHOWN = 3000
 _APPROVE = re.compile(r"<verify>\s*approve\s*</verify>", re.IGNORECASE)
 _REJECT = re.compile(r"<verify>\s*reject\s*</verify>", re.IGNORECASE)
 _DECISION = re.compile(r"####\s*(stop|continue)\b", re.IGNORECASE)
+_SPAWN = re.compile(r"####\s*(\d+)\b")
+MAX_WORKERS = 4
 
 TOOL_SYSTEM = (
     "You are the tool agent of a two-agent math team. Write one self-contained Python program in "
@@ -64,6 +73,13 @@ COORDINATOR_SYSTEM = (
     "You coordinate a math team: a solver proposed an answer and a verifier reviewed it. Decide "
     "whether to stop with this answer or let them try another round; every round costs time. "
     "End your reply with `#### stop` or `#### continue`.")
+DISPATCHER_SYSTEM = (
+    "You dispatch a math problem to parallel solvers. More solvers give the aggregator more "
+    "answers to compare but cost more. End your reply with `#### N`, the number of solvers "
+    f"(1 to {MAX_WORKERS}).")
+AGGREGATOR_SYSTEM = (
+    "Several solvers answered a math problem independently. Compare their answers, decide which "
+    "is right and put the team's final answer in \\boxed{}.")
 PROFILES = {
     "reasoner": "You are the reasoner: analyse the problem and lay out a step-by-step solution "
                 "plan with the key computations.",
@@ -107,6 +123,18 @@ def decision(response: str) -> str | None:
 def stops(response: str) -> bool:
   """Loop exit of the 'learned_stop' workflow: anything but `#### continue` stops."""
   return decision(response) != "continue"
+
+
+def spawn_count(response: str, max_workers: int = MAX_WORKERS) -> int | None:
+  """The dispatcher's `#### N` (the last one), None when absent or outside 1..max_workers."""
+  found = _SPAWN.findall((response or "")[-2000:])
+  n = int(found[-1]) if found else None
+  return n if n is not None and 1 <= n <= max_workers else None
+
+
+def spawns(response: str) -> int:
+  """Workers the 'spawn' workflow runs: the dispatcher's N, or 1 without a valid one."""
+  return spawn_count(response) or 1
 
 
 def approves(response: str) -> bool:
@@ -310,6 +338,68 @@ class LearnedStopMathEnv(DrMASMathEnv):
     """The coordinator's orchestration reward, settled at the end (envs/base.py)."""
     return {"coordinator": 0.0 - self.round_cost * self.rounds
             - self.premature_penalty * float(self.premature)}
+
+
+class SpawnMathEnv(_MathEnv):
+  """The 'spawn' workflow (module doc): dispatcher -> N parallel solvers -> aggregator, one turn."""
+
+  agents = ("dispatcher", *(f"worker_{i}" for i in range(1, MAX_WORKERS + 1)), "aggregator")
+
+  def __init__(self, problem: MathProblem, format_penalty: float = 0.1, spawn_cost: float = 0.0):
+    super().__init__(problem, 1)
+    if spawn_cost < 0:
+      raise ValueError(f"spawn_cost must be >= 0; got {spawn_cost}")
+    self.format_penalty = format_penalty
+    self.spawn_cost = spawn_cost
+    self.spawned: tuple[str, ...] = ()
+    self.solutions: dict[str, str] = {}
+    self.answers: dict[str, str | None] = {}
+
+  def observe(self, agent: str) -> Observation:
+    if agent not in self.agents:
+      raise ValueError(f"unknown agent {agent!r}; expected one of {self.agents}")
+    task = f"Problem: {self.problem.question}"
+    if agent == "dispatcher":
+      return Observation(agent, self.turn, DISPATCHER_SYSTEM, task)
+    if agent != "aggregator":
+      return Observation(agent, self.turn, SOLVER_SYSTEM, task)
+    shown = "\n".join(f"Solver {i} (answer {self.answers.get(w)}):\n"
+                      f"{truncate(self.solutions.get(w, ''), 1000)}"
+                      for i, w in enumerate(self.spawned, start=1))
+    return Observation(agent, self.turn, AGGREGATOR_SYSTEM, f"{task}\n{shown}")
+
+  def step(self, agent: str, response: str, *, tool_output: str | None = None) -> StepResult:
+    del tool_output
+    self._begin(agent)
+    if agent == "dispatcher":
+      n = spawn_count(response)
+      invalid = n is None
+      self.spawned = self.agents[1:1 + (n or 1)]
+      return StepResult(agent, None, {agent: -self.format_penalty if invalid else 0.0}, False,
+                        {"decision": f"spawn {len(self.spawned)}", "spawn": list(self.spawned),
+                         "format_error": invalid})
+    if agent != "aggregator":
+      if agent not in self.spawned:
+        raise ValueError(f"{agent!r} was not spawned (spawned: {list(self.spawned)})")
+      self.solutions[agent] = response
+      self.answers[agent] = math_answers.last_boxed(response)
+      invalid = self.answers[agent] is None
+      return StepResult(agent, None, {agent: -self.format_penalty if invalid else 0.0}, False,
+                        {"answer": self.answers[agent], "format_error": invalid,
+                         "correct": self.problem.correct(self.answers[agent])})
+    answer = math_answers.last_boxed(response)
+    self.final_correct = self.problem.correct(answer)
+    any_correct = any(self.problem.correct(a) for a in self.answers.values())
+    self.finished = True
+    self.turn = 1
+    return StepResult(agent, None, {agent: -self.format_penalty if answer is None else 0.0},
+                      True, {"answer": answer, "format_error": answer is None,
+                             "aggregate": list(self.spawned), "correct": self.final_correct,
+                             "any_worker_correct": any_correct, "solved": self.solved})
+
+  def final_rewards(self) -> dict[str, float]:
+    """The dispatcher's orchestration reward, settled at the end (envs/base.py)."""
+    return {"dispatcher": 0.0 - self.spawn_cost * len(self.spawned)}
 
 
 class MARFTMathEnv(_MathEnv):
