@@ -353,11 +353,12 @@ def _record_step(ep: _Episode, spec: WorkflowSpec, gen: Generation, tool_output:
                     turn=ep.cursor.turn, candidates=num_candidates, selected=chosen)
   ep.last_event = ep.replies[agent] = reply
   if "decision" in info:  # the reply was an orchestration decision: what and in which state
+    state = {k: info[k] for k in ("correct", "round") if k in info}
+    if "round" in info:  # a stop/continue decision: the rounds the cap still allowed
+      state["rounds_left"] = spec.max_turns - ep.cursor.turn - 1
     ep.last_event = rec.event("orchestrator_decision", agent, after=[(reply, "causal")],
                               turn=ep.cursor.turn, decision=info["decision"],
-                              correct=bool(info.get("correct")), round=info.get("round"),
-                              rounds_left=spec.max_turns - ep.cursor.turn - 1,
-                              channel=ORCHESTRATION)
+                              channel=ORCHESTRATION, **state)
   decided = ep.last_event
   for worker in info.get("spawn", ()):
     rec.event("spawn", agent, after=[(decided, "spawn")], receiver=worker, turn=ep.cursor.turn,

@@ -1,6 +1,6 @@
 """Declarative turn order of a multi-agent workflow: who acts when, and on which policy.
 
-Three kinds cover the papers' systems:
+Four kinds cover the papers' systems and learned orchestration:
   sequential  every turn, all agents act in `agents` order (AT-GRPO's tool -> plan; MARFT's
               profiled chain), until the environment is done or `max_turns` turns have passed;
   loop        sequential, plus an exit: after `exit_agent` acts, `exit_when(response)` ends the
