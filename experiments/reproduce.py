@@ -24,17 +24,15 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import glob
-import json
 import math
 import os
-import re
 import shlex
 
 from absl import flags
 
 from experiments import cli
 from marl_jax.errors import UserInputError
+from marl_jax.training import eval_results
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,18 +213,6 @@ def workdir(root: str, table: str, config: str, row: str, seed: int) -> str:
   return os.path.join(root, table, f"{config}_{row}_seed{seed}")
 
 
-def latest_eval(path: str, split: str | None) -> dict | None:
-  """The newest evaluation of `split` (None: the config's own) in a workdir, or None."""
-  prefix = "step" if split is None else f"{split}_step"
-  pattern = re.compile(rf"{re.escape(prefix)}(\d+)\.json$")
-  found = [(int(m.group(1)), f) for f in glob.glob(os.path.join(path, "eval", "*.json"))
-           if (m := pattern.match(os.path.basename(f)))]
-  if not found:
-    return None
-  with open(max(found)[1]) as f:
-    return json.load(f)
-
-
 def cell_value(column: Column, result: dict | None) -> float | None:
   if result is None:
     return None
@@ -290,7 +276,6 @@ def _module(config: str):
 
 def _run_cell(table: Table, column: Column, row: str, seed: int, path: str) -> None:
   """Trains (once per workdir) and evaluates one cell at cpu scale."""
-  from experiments.evaluate import run_evaluation
   from marl_jax.training import trainer
   from marl_jax.training.checkpoint import saved_steps
   config = _module(column.config).get_config(f"{row},cpu")
@@ -300,7 +285,7 @@ def _run_cell(table: Table, column: Column, row: str, seed: int, path: str) -> N
   if row not in table.eval_only and not (os.path.isdir(path) and
                                          config.train.steps in saved_steps(path)):
     trainer.train(config, path)
-  run_evaluation(config, path, None, column.split)
+  trainer.evaluate_checkpoint(config, path, None, column.split)
 
 
 def _selected(name: str, values: list[str] | None, allowed: tuple[str, ...]) -> tuple[str, ...]:
@@ -342,13 +327,13 @@ def main(argv):
       values = []
       for seed in range(_SEEDS.value):
         path = workdir(_ROOT.value, name, column.config, row, seed)
-        result = latest_eval(path, column.split)
+        result = eval_results.latest(path, column.split)
         if result is None and paper_scale:
           todo += commands(name, column, row, seed, _ROOT.value, _MODEL.value, _DATA_DIR.value,
                            row in table.eval_only)
         elif result is None and not _COLLECT_ONLY.value:
           _run_cell(table, column, row, seed, path)
-          result = latest_eval(path, column.split)
+          result = eval_results.latest(path, column.split)
         value = cell_value(column, result)
         if value is not None:
           values.append(value)

@@ -55,10 +55,10 @@ from marl_jax.parallel import mesh as mesh_lib
 from marl_jax.parallel.train_step import TrainConfig, make_train_step
 from marl_jax.sampling.params import SamplingParams
 from marl_jax.sandbox import runner as sandbox
-from marl_jax.training import evaluation, plots, preflight, progress, refill
+from marl_jax.training import eval_results, evaluation, plots, preflight, progress, refill
 from marl_jax.training import config as config_lib
 from marl_jax.training import sft as sft_lib
-from marl_jax.training.checkpoint import Checkpointer
+from marl_jax.training.checkpoint import Checkpointer, saved_steps
 from marl_jax.training.llm_policy import LLMPolicy
 from marl_jax.training.metrics import make_writer
 from marl_jax.workflows import registry
@@ -360,6 +360,29 @@ class Run:
                            shape.multiple)
     return distributed.process_local_batch_to_global(
         batch, self.mesh, layouts.batch_spec(self.policy, mesh_lib.BATCH_AXES))
+
+
+def evaluate_checkpoint(c: ml_collections.ConfigDict, workdir: str, step: int | None = None,
+                        split: str | None = None) -> dict[str, Any]:
+  """Evaluates checkpoint `step` of `workdir` (default: the latest; the base model when there is
+  none) on the run's evaluation problems, or on the set `split` names (its files given by
+  `config.eval.env_kwargs`); writes the result where `eval_results` says and returns it. Bad
+  input (split name, missing step) is refused before the model loads."""
+  eval_results.check_split(split)
+  if step is not None:
+    preflight.check_workdir(workdir)
+    steps = saved_steps(workdir)
+    if step not in steps:
+      raise UserInputError(f"--checkpoint={step}: no such checkpoint in {workdir}; expected one "
+                           f"of the saved steps {steps}")
+  run = Run(c, workdir)
+  if step is not None or run.checkpointer.latest_step() is not None:
+    restored = run.checkpointer.restore(step, target={"train": run.state, "rng": run.run_key})
+    run.state, step = restored.state["train"], restored.step
+  step = step or 0
+  result = {"config": c.name, "step": step, **run.evaluate(step, split or "eval")}
+  eval_results.write(workdir, step, split, result)
+  return result
 
 
 def train(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""experiments.evaluate on a named evaluation set: train on one file, evaluate on another in the
+"""Evaluating a checkpoint (experiments.evaluate) on a named evaluation set: train on one file, evaluate on another in the
 same workdir, results under the set's name (the split reproduce collects)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import toy_task
 from configs import drmas_math
-from experiments.evaluate import run_evaluation
+from marl_jax.training import trainer
 from marl_jax.traces import store
 
 
@@ -24,7 +24,7 @@ def test_evaluates_a_named_split_from_its_own_file(tmp_path):
   c.logging.wandb_mode, c.logging.console, c.logging.progress = "disabled", False, False
   c.env.kwargs.path, c.eval.env_kwargs.path, c.eval.num_problems = str(train), str(test), 3
   workdir = tmp_path / "run"
-  result = run_evaluation(c, str(workdir), None, "test")
+  result = trainer.evaluate_checkpoint(c, str(workdir), None, "test")
   assert result["step"] == 0 and set(result) >= {"test/accuracy", "test/pass@2"}
   assert json.loads((workdir / "eval" / "test_step0.json").read_text()) == result
   traces = store.load_traces(workdir / "traces" / "test_step0.jsonl")

@@ -11,17 +11,19 @@ import shlex
 import pytest
 
 from experiments import reproduce
+from marl_jax.training import eval_results
 from entry_points import error_line, run
 
 
 def _write_eval(root, table, config, row, seed, values, split=None):
+  """A finished evaluation as experiments.evaluate leaves it (step 2), and an older one (step 1)
+  that collection must skip."""
   path = reproduce.workdir(str(root), table, config, row, seed)
-  os.makedirs(os.path.join(path, "eval"), exist_ok=True)
   prefix = split or "eval"
-  name = f"{split}_step2.json" if split else "step2.json"
-  with open(os.path.join(path, "eval", name), "w") as f:
-    json.dump({"config": f"{config}_{row}", "step": 2,
-               **{f"{prefix}/{k}": v for k, v in values.items()}}, f)
+  for step, scale in ((1, 0.5), (2, 1.0)):
+    eval_results.write(path, step, split, {"config": f"{config}_{row}", "step": step,
+                                           **{f"{prefix}/{k}": scale * v
+                                              for k, v in values.items()}})
 
 
 def test_mean_and_standard_error():
