@@ -329,7 +329,11 @@ def test_decode_blocks_equal_one_span(params):
     b = whole.generate(params, SHARED, sampling, jax.random.key(6))
     for prompt, x, y in zip(SHARED, a, b):
       np.testing.assert_array_equal(x.tokens, y.tokens)
-      np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5, rtol=0)
+      # The two paths reduce attention over different lengths, so their fp32 rounding differs,
+      # by an amount that scales with the log-prob: on an AMD EPYC (AVX2) VM 1.2e-5 at -1.47 and
+      # 2.1e-5 at -6.89 (atol 1e-5 alone had held on the CPU this was written on). The
+      # independent reference below bounds both paths at 1e-4.
+      np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5, rtol=1e-5)
       assert x.finish_reason == y.finish_reason
       logp = np_log_softmax(teacher_forced_logits(params, prompt, x.tokens))
       np.testing.assert_allclose(x.logprobs, logp[np.arange(len(x.tokens)), x.tokens], atol=1e-4)
