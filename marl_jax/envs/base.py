@@ -72,8 +72,8 @@ class Workflow:
 
   The kinds (workflows/spec.py): 'sequential' (every turn, all agents in order), 'loop' (plus an
   exit after `exit_agent` when `exit_when(reply)`), 'router' (`agents[0]` picks, via
-  `route(reply)`, which other agent acts next), 'spawn' (`agents[0]` runs the first
-  `spawn(reply)` workers of `agents[1:-1]`, then the aggregator `agents[-1]`).
+  `route(reply)`, which other agent acts next), 'spawn' (`agents[0]` runs the workers of
+  `agents[1:-1]` that `spawn(reply)` names, then the aggregator `agents[-1]`).
   """
 
   agents: tuple[str, ...]
@@ -84,7 +84,7 @@ class Workflow:
   exit_agent: str | None = None  # loop only
   exit_when: Callable[[str], bool] | None = None  # loop only
   route: Callable[[str], str] | None = None  # router only: router reply -> next agent
-  spawn: Callable[[str], int] | None = None  # spawn only: spawner reply -> workers to run
+  spawn: Callable[[str], tuple[str, ...]] | None = None  # spawn only: reply -> workers to run
   topology: str = "planner_executor_critic"  # trace topology label (PAPERS.md section 5)
 
 

@@ -5,8 +5,9 @@ were (events, simulated time), who acted and how, how often tools were called an
 what it cost, the mean of every reward channel and metric, and how learned orchestration decisions
 went (`orchestrator_decision` events that carry a `decision`): counts per decision, stop rate,
 premature stops (stopped on a wrong answer while rounds were left), over-runs (continued although
-the answer was already right), workers spawned per episode, and aggregation quality (how often
-the aggregate was right when some worker was).
+the answer was already right), workers spawned per episode and to whom, aggregation quality (how
+often the aggregate was right when some worker was) and the parallelism speedup (the workers'
+total reply length over the longest, the aggregate events' mean).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ def summarize(traces: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
   metrics: dict[str, list[float]] = collections.defaultdict(list)
   decisions: collections.Counter[str] = collections.Counter()
   flags: collections.Counter[str] = collections.Counter()
+  spawned_to: collections.Counter[str] = collections.Counter()
   for trace in traces:
     episodes += 1
     tasks[task_name(trace["task_id"])] += 1
@@ -49,8 +51,11 @@ def summarize(traces: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         flags["over_run"] += e["decision"] == "continue" and bool(e.get("correct"))
       elif e["type"] == "spawn":
         flags["spawned"] += 1
+        spawned_to[e.get("to", "unnamed")] += 1
       elif e["type"] == "aggregate" and "any_worker_correct" in e:
         flags["aggregates"] += 1
+        flags["speedups"] += "speedup" in e
+        flags["speedup_sum"] += e.get("speedup", 0.0)
         flags["any_right"] += bool(e["any_worker_correct"])
         flags["kept_right"] += bool(e["any_worker_correct"] and e.get("correct"))
     agents.update(e["agent"] for e in events)
@@ -75,7 +80,7 @@ def summarize(traces: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
       "rewards": _channel_stats(rewards, total=False),
       "costs": _channel_stats(costs, total=True),
       "metrics": _channel_stats(metrics, total=False),
-      "decisions": _decision_stats(decisions, flags, episodes),
+      "decisions": _decision_stats(decisions, flags, spawned_to, episodes),
   }
 
 
@@ -99,7 +104,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
 
 
 def _decision_stats(decisions: collections.Counter[str], flags: collections.Counter[str],
-                    episodes: int) -> dict[str, Any]:
+                    spawned_to: collections.Counter[str], episodes: int) -> dict[str, Any]:
   """Counts and rates of learned orchestration decisions; empty when the traces hold none."""
   total = sum(decisions.values())
   if not total:
@@ -113,10 +118,13 @@ def _decision_stats(decisions: collections.Counter[str], flags: collections.Coun
                over_run_rate=flags["over_run"] / continues if continues else None)
   if flags["spawned"]:
     out["spawned_per_episode"] = flags["spawned"] / episodes
+    out["spawned_to"] = dict(sorted(spawned_to.items()))
   if flags["aggregates"]:
     out.update(aggregates=flags["aggregates"], any_worker_right=flags["any_right"],
                kept_right_rate=(flags["kept_right"] / flags["any_right"]
                                 if flags["any_right"] else None))
+  if flags["speedups"]:
+    out["mean_speedup"] = flags["speedup_sum"] / flags["speedups"]
   return out
 
 
@@ -136,5 +144,7 @@ def _mean(values: list[float]) -> float | None:
   return sum(values) / len(values) if values else None
 
 
-def _fmt(value: float | None) -> str:
+def _fmt(value: float | Mapping[str, float] | None) -> str:
+  if isinstance(value, Mapping):
+    return "{" + ", ".join(f"{k}: {_fmt(v)}" for k, v in value.items()) + "}"
   return "n/a" if value is None else f"{value:.4g}"

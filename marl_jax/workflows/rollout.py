@@ -368,7 +368,8 @@ def _record_step(ep: _Episode, spec: WorkflowSpec, gen: Generation, tool_output:
     ep.last_event = rec.event(
         "aggregate", agent, after=[(ep.replies[w], "aggregate") for w in workers],
         turn=ep.cursor.turn, workers=list(workers), correct=bool(info.get("correct")),
-        any_worker_correct=bool(info.get("any_worker_correct")), channel=ORCHESTRATION)
+        any_worker_correct=bool(info.get("any_worker_correct")), channel=ORCHESTRATION,
+        **{k: info[k] for k in ("speedup",) if k in info})
     for worker in workers:
       rec.event("despawn", worker, after=[(ep.last_event, "causal")], turn=ep.cursor.turn)
   if tool_output is not None:

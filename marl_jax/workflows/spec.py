@@ -7,9 +7,10 @@ Four kinds cover the papers' systems and learned orchestration:
               episode (Dr. MAS's solver -> verifier loop that stops on approval);
   router      every turn, `agents[0]` routes: `route(response)` names which of the other agents
               acts next (Dr. MAS search: verifier -> search agent or answer agent);
-  spawn       every turn, `agents[0]` decides how many workers to spawn: `spawn(response)` = n
-              runs the first n of the workers `agents[1:-1]`, each on its own, then the
-              aggregator `agents[-1]` (learned orchestration: when to spawn, how to aggregate).
+  spawn       every turn, `agents[0]` decides which workers to spawn: `spawn(response)` names
+              a non-empty subset of the workers `agents[1:-1]` (how many and whom), which run,
+              each on its own, then the aggregator `agents[-1]` (learned orchestration: when
+              to spawn, whom to delegate to, how to aggregate).
 
 The workflow decides order only; rewards, prompts and termination of the task live in the
 environment, so one engine runs every workflow.
@@ -35,7 +36,7 @@ class WorkflowSpec:
   exit_agent: str | None = None  # loop only
   exit_when: Callable[[str], bool] | None = None  # loop only
   route: Callable[[str], str] | None = None  # router only: router reply -> next agent
-  spawn: Callable[[str], int] | None = None  # spawn only: spawner reply -> workers to run
+  spawn: Callable[[str], tuple[str, ...]] | None = None  # spawn only: reply -> workers to run
   topology: str = "planner_executor_critic"  # trace topology label (PAPERS.md section 5)
 
   def __post_init__(self):
@@ -97,10 +98,12 @@ def advance(spec: WorkflowSpec, cursor: Cursor, response: str, env_done: bool) -
   elif spec.kind == "spawn":
     workers = agents[1:-1]
     if cursor.agent == agents[0]:
-      n = spec.spawn(response)
-      if not 1 <= n <= len(workers):
-        raise ValueError(f"spawn() returned {n!r}; expected 1..{len(workers)} workers")
-      return Cursor(cursor.turn, workers[0], workers[1:n])
+      named = spec.spawn(response)
+      chosen = tuple(w for w in workers if w in named)  # in worker order
+      if not chosen or len(chosen) != len(named):  # none, a non-worker or a repeat
+        raise ValueError(f"spawn() returned {named!r}; expected a non-empty subset of the "
+                         f"workers {workers}")
+      return Cursor(cursor.turn, chosen[0], chosen[1:])
     if cursor.pending:
       return Cursor(cursor.turn, cursor.pending[0], cursor.pending[1:])
     if cursor.agent != agents[-1]:

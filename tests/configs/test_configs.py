@@ -20,7 +20,7 @@ import math
 import pytest
 
 import toy_task
-from configs import atgrpo_games, common
+from configs import atgrpo_games, common, orchestration_spawn
 from marl_jax.envs.code import data as code_data
 from marl_jax.envs.search import task as search_task
 from marl_jax.envs.writing import data as writing_data
@@ -48,7 +48,8 @@ AXES = {
     **{name: {"estimator": common.MAGRPO_ESTIMATORS, "models": _module(name).MODELS}
        for name in ("magrpo_tldr", "magrpo_arxiv", "magrpo_humaneval")},
     "orchestration_stop": {"models": common.MODELS},
-    "orchestration_spawn": {"models": common.MODELS},
+    "orchestration_spawn": {"decision": tuple(orchestration_spawn.DECISIONS),
+                            "models": common.MODELS},
 }
 FILES = tuple(AXES)
 # The AT-GRPO game files share the game table's axis (the plan_path cpu run: tests/training).
@@ -339,8 +340,8 @@ def model_dir(tmp_path_factory):
   return path
 
 
-def _cpu_run(name: str, model_dir: str):
-  c = _config(name, "cpu")
+def _cpu_run(name: str, model_dir: str, preset: str = "cpu"):
+  c = _config(name, preset)
   c.model = model_dir
   c.sampling.max_new_tokens, c.sampling.top_p, c.eval.top_p = 16, 1.0, None
   c.logging.wandb_mode, c.logging.console, c.logging.progress = "disabled", False, False
@@ -367,9 +368,10 @@ def _check_workdir(c, workdir, summary) -> list[dict]:
   return traces
 
 
-@pytest.mark.parametrize("name", FILES)
-def test_cpu_preset_trains_two_steps(name, model_dir, tmp_path):
-  c = _cpu_run(name, model_dir)
+@pytest.mark.parametrize("name,preset", [(name, "cpu") for name in FILES]
+                         + [("orchestration_spawn", "delegate,cpu")])
+def test_cpu_preset_trains_two_steps(name, preset, model_dir, tmp_path):
+  c = _cpu_run(name, model_dir, preset)
   _check_workdir(c, tmp_path, trainer.train(c, str(tmp_path)))
 
 

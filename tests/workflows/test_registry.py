@@ -40,5 +40,5 @@ def test_unknown_names_fail_with_one_line():
     registry.make_env("chess", seed=0)
   with pytest.raises(ValueError, match="unknown workflow 'debate' for environment 'math'; "
                                        "expected one of \\['atgrpo', 'drmas', 'learned_stop', "
-                                       "'spawn', 'marft', 'single'\\]"):
+                                       "'spawn', 'delegate', 'marft', 'single'\\]"):
     registry.workflow_spec("math", "debate")

@@ -6,6 +6,7 @@ derived here from the scripted team's choices, not from the env's reward code.""
 from __future__ import annotations
 
 import random
+import re
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -115,16 +116,132 @@ def test_spawn_count_parsing_and_spec():
   assert math_env.spawn_count("I pick #### 3") == 3
   assert math_env.spawn_count("#### 2 then #### 4") == 4  # the last one
   assert math_env.spawn_count("#### 0") is None and math_env.spawn_count("#### 5") is None
-  assert math_env.spawns("no number") == 1
+  assert math_env.spawns("no number") == ("worker_1",)
+  assert math_env.spawns("#### 3") == ("worker_1", "worker_2", "worker_3")
   env = registry.make_env("math", seed=0, workflow="spawn")
   result = env.step("dispatcher", "many")  # no N: one worker, the format penalty
   assert result.info["spawn"] == ["worker_1"] and result.rewards == {"dispatcher": -0.1}
   with pytest.raises(ValueError, match="'worker_2' was not spawned"):
     env.step("worker_2", "\\boxed{1}")
-  spec = WorkflowSpec(("d", "w1", "w2", "agg"), kind="spawn", max_turns=1, spawn=lambda r: 3)
-  with pytest.raises(ValueError, match=r"spawn\(\) returned 3; expected 1..2 workers"):
-    advance(spec, Cursor(0, "d"), "x", False)
+  for bad in [("w3",), ("w1", "w1"), ("agg",), ()]:
+    spec = WorkflowSpec(("d", "w1", "w2", "agg"), kind="spawn", max_turns=1,
+                        spawn=lambda r, bad=bad: bad)
+    with pytest.raises(ValueError, match=rf"spawn\(\) returned {re.escape(repr(bad))}; "
+                                         r"expected a non-empty subset of the workers"):
+      advance(spec, Cursor(0, "d"), "x", False)
+  spec = WorkflowSpec(("d", "w1", "w2", "agg"), kind="spawn", max_turns=1,
+                      spawn=lambda r: ("w2", "w1"))
+  assert advance(spec, Cursor(0, "d"), "x", False) == Cursor(0, "w1", ("w2",))  # worker order
   with pytest.raises(ValueError, match="a spawn workflow needs spawn"):
     WorkflowSpec(("d", "agg"), kind="spawn", spawn=lambda r: 1)
-  with pytest.raises(ValueError, match="spawn_cost prices the spawn workflow"):
+  with pytest.raises(ValueError, match="price the spawn and delegate workflows"):
     registry.make_env("math", seed=0, workflow="drmas", spawn_cost=0.2)
+  with pytest.raises(ValueError, match="latency_cost.*must be >= 0"):
+    registry.make_env("math", seed=0, workflow="delegate", latency_cost=-1.0)
+
+
+# Delegation (O2): the dispatcher names specialists. Scripted: 'concise' answers wrong, the others
+# right; each specialist's reply has its own length; the aggregator gives the answer more solvers
+# gave ('-1' on a tie).
+LENGTHS = {"stepwise": 1500, "concise": 40, "checker": 900, "casework": 600}  # padding characters
+
+
+def _reply(name: str, answer: str) -> str:
+  return "x" * LENGTHS[name] + f" \\boxed{{{answer}}}"
+
+
+def _delegating_team(choose):
+  def generate(requests, policy_id, params):
+    del policy_id, params
+    out = []
+    for r in requests:
+      env = r.env
+      if r.agent == "dispatcher":
+        out.append(Generation("This needs: #### " + ", ".join(choose())))
+      elif r.agent == "aggregator":
+        votes = Counter(env.answers.values()).most_common()
+        tie = len(votes) > 1 and votes[0][1] == votes[1][1]
+        out.append(Generation(f"\\boxed{{{'-1' if tie else votes[0][0]}}}"))
+      else:
+        out.append(Generation(_reply(r.agent, "-1" if r.agent == "concise"
+                                     else env.problem.answer)))
+    return out
+
+  return generate
+
+
+def test_delegate_routes_to_the_named_specialists_and_prices_their_wall_clock():
+  spawn_cost, latency_cost, bonus, k = 0.1, 0.2, 0.5, 4
+  names = ("stepwise", "concise", "checker", "casework")  # the env's specialists, in order
+  rng = random.Random(3)
+  picks = iter([rng.sample(names, rng.randint(1, 4)) for _ in range(3 * k)])
+  spec = registry.workflow_spec("math", "delegate")
+  assert spec.agents == ("dispatcher", *names, "aggregator")
+  problems = [Problem("math", dict(seed=s, workflow="delegate", spawn_cost=spawn_cost,
+                                   latency_cost=latency_cost, aggregation_bonus=bonus), s)
+              for s in range(3)]
+  result = rollout(problems, spec, _delegating_team(lambda: next(picks)), None,
+                   RolloutConfig(mode="independent", k=k))
+  by_traj = defaultdict(list)
+  for s in result.samples:
+    by_traj[s.traj_id].append(s)
+  chosen, expected = {}, {}
+  for traj, samples in by_traj.items():
+    named = samples[0].generation.text.rsplit("#### ", 1)[1].split(", ")
+    team = [n for n in names if n in named]  # they act in the env's order, not the reply's
+    chosen[traj] = team
+    assert [s.agent for s in samples] == ["dispatcher", *team, "aggregator"]
+    for s in samples[1:-1]:  # each specialist is prompted as itself
+      assert s.messages[0]["content"] == math_env.SPECIALISTS[s.agent][1]
+    right, wrong = sum(n != "concise" for n in team), int("concise" in team)
+    solved = float(right > wrong)
+    lengths = [len(s.generation.text) for s in samples[1:-1]]  # the scripted replies' lengths
+    assert all(s.team_reward == solved for s in samples)
+    decision = -spawn_cost * len(team) - latency_cost * max(lengths) / 1000
+    assert samples[0].reward == pytest.approx(decision)
+    assert samples[-1].reward == pytest.approx(bonus * solved)  # solved: a right answer kept
+    expected[traj] = (solved + decision, sum(lengths) / max(lengths))
+  assert len({len(t) for t in chosen.values()}) >= 3  # the scripted dispatcher varied its choice
+
+  cfg = config_lib.build(orchestration_spawn.get_config("delegate,cpu")).advantage
+  samples = result.samples
+  batch = batch_lib.make_batch(
+      [s.reward for s in samples], problem_id=[s.problem_id for s in samples],
+      turn=[s.turn for s in samples], agent_id=[s.agent_id for s in samples],
+      team_rewards=[s.team_reward for s in samples])
+  space = batch_lib.GroupSpace(num_problems=3, max_turns=1, num_agents=len(spec.agents))
+  adv = np.asarray(estimate(batch, cfg, space).advantages)[:, 0]
+  for p in range(3):
+    members = [i for i, s in enumerate(samples) if s.agent == "dispatcher" and s.problem_id == p]
+    assert len(members) == k
+    r = np.array([expected[samples[i].traj_id][0] for i in members])
+    np.testing.assert_allclose(adv[members], (r - r.mean()) / (r.std(ddof=1) + 1e-6),
+                               rtol=1e-5, atol=1e-6)
+    assert np.any(np.abs(adv[members]) > 0.1)  # distinct picks, distinct costs
+
+  for episode in result.episodes:
+    trace = episode.trace
+    schema.validate(trace)
+    assert replay_lib.replay(trace, episode.content) == []
+    team = chosen[episode.traj_id]
+    assert sorted(e["to"] for e in trace["events"] if e["type"] == "spawn") == sorted(team)
+    aggregate = next(e for e in trace["events"] if e["type"] == "aggregate")
+    assert aggregate["speedup"] == pytest.approx(expected[episode.traj_id][1])
+  summary = stats.summarize(e.trace for e in result.episodes)["decisions"]
+  assert summary["spawned_to"] == dict(sorted(Counter(n for t in chosen.values()
+                                                      for n in t).items()))
+  assert summary["mean_speedup"] == pytest.approx(
+      np.mean([expected[e.traj_id][1] for e in result.episodes]))
+  everyone = sum(t == list(names) for t in chosen.values())
+  assert summary.get(f"delegate {','.join(names)}", 0) == everyone
+
+
+def test_delegation_parsing():
+  assert math_env.delegated("I need #### checker, stepwise") == ("stepwise", "checker")
+  assert math_env.delegated("#### casework and Concise") == ("concise", "casework")
+  assert math_env.delegated("#### stepwise, wizard") is None  # an unknown name
+  assert math_env.delegated("#### ") is None and math_env.delegated("stepwise") is None
+  assert math_env.delegates("nothing") == ("stepwise",)
+  env = registry.make_env("math", seed=0, workflow="delegate")
+  result = env.step("dispatcher", "all of them")  # no names: 'stepwise', the format penalty
+  assert result.info["spawn"] == ["stepwise"] and result.rewards == {"dispatcher": -0.1}

@@ -26,12 +26,20 @@ is `solved` (1/0), which the estimators mix in as `alpha * team + local`.
           With round_cost 0 and a coordinator that stops exactly when the verifier approves,
           every reward equals the 'drmas' episode's.
 'spawn'   learned spawning and aggregation (orchestration O1/O4): a dispatcher replies `#### N`
-          to spawn N of `max_workers` (4) solvers, each answers on its own in `\\boxed{}`, then an
+          to spawn N of `MAX_WORKERS` (4) solvers, each answers on its own in `\\boxed{}`, then an
           aggregator sees their answers and gives the team's final `\\boxed{}` answer (solved).
-          A dispatcher reply without a number spawns 1, with the format penalty. Local rewards:
-          the format penalty of each call; `final_rewards` gives the dispatcher -spawn_cost x N.
-          The trace's aggregate event records whether the aggregator kept a right answer that
-          some worker had (aggregation quality).
+          A dispatcher reply without a number spawns 1, with the format penalty. Rewards, each
+          configurable (0 = off): the format penalty of each call; `final_rewards` gives the
+          dispatcher -spawn_cost x N (compute) - latency_cost x the longest worker reply in
+          thousands of characters (wall-clock: the workers run side by side, so the stage lasts
+          as long as its slowest); the aggregator gets +aggregation_bonus when some worker was
+          right and its aggregate kept the right answer. The trace's aggregate event records
+          that (aggregation quality) and the parallelism speedup, the workers' total reply
+          length over the longest.
+'delegate'  'spawn' with whom to delegate to (O2): the workers are four specialists with their
+          own prompts (SPECIALISTS: stepwise, concise, checker, casework) and the dispatcher
+          names the ones it wants, `#### stepwise, checker`; a reply naming none (or an unknown
+          name) delegates to 'stepwise', with the format penalty. Rewards as 'spawn'.
 'marft'   a sequential chain of profiled agents (default reasoner -> actor): each sees its profile,
           the transcript so far and the earlier agents' outputs of this step; only the last
           agent's `\\boxed{}` answer is scored (1/0 to it); "The answer is incorrect." is appended
@@ -56,6 +64,7 @@ _APPROVE = re.compile(r"<verify>\s*approve\s*</verify>", re.IGNORECASE)
 _REJECT = re.compile(r"<verify>\s*reject\s*</verify>", re.IGNORECASE)
 _DECISION = re.compile(r"####\s*(stop|continue)\b", re.IGNORECASE)
 _SPAWN = re.compile(r"####\s*(\d+)\b")
+_DELEGATE = re.compile(r"####([^#\n]*)")
 MAX_WORKERS = 4
 
 TOOL_SYSTEM = (
@@ -77,6 +86,28 @@ DISPATCHER_SYSTEM = (
     "You dispatch a math problem to parallel solvers. More solvers give the aggregator more "
     "answers to compare but cost more. End your reply with `#### N`, the number of solvers "
     f"(1 to {MAX_WORKERS}).")
+# name -> (what the dispatcher reads about it, its own system prompt); the first is the fallback.
+SPECIALISTS = {
+    "stepwise": ("writes out every step",
+                 "You are a careful solver: write out every step of the computation and put the "
+                 "final answer in \\boxed{}."),
+    "concise": ("shows only the key computation; short and fast",
+                "You are a concise solver: take the shortest route to the answer, show only the "
+                "key computation and put the final answer in \\boxed{}."),
+    "checker": ("solves, then checks the result a second way",
+                "You are a checking solver: solve the problem, then check the result by "
+                "substituting it back or computing it a second way, and put the final answer in "
+                "\\boxed{}."),
+    "casework": ("splits the problem into cases or parts",
+                 "You are a systematic solver: split the problem into cases or small parts, solve "
+                 "each, combine them and put the final answer in \\boxed{}."),
+}
+DELEGATOR_SYSTEM = (
+    "You delegate a math problem to specialist solvers who work in parallel; each one you pick "
+    "costs. The specialists: " + "; ".join(f"{name} ({about})" for name, (about, _) in
+                                           SPECIALISTS.items()) +
+    ". Pick the ones this problem needs. End your reply with `#### ` and their names, "
+    "comma-separated, for example `#### stepwise, checker`.")
 AGGREGATOR_SYSTEM = (
     "Several solvers answered a math problem independently. Compare their answers, decide which "
     "is right and put the team's final answer in \\boxed{}.")
@@ -132,9 +163,26 @@ def spawn_count(response: str, max_workers: int = MAX_WORKERS) -> int | None:
   return n if n is not None and 1 <= n <= max_workers else None
 
 
-def spawns(response: str) -> int:
-  """Workers the 'spawn' workflow runs: the dispatcher's N, or 1 without a valid one."""
-  return spawn_count(response) or 1
+def spawns(response: str) -> tuple[str, ...]:
+  """Workers the 'spawn' workflow runs: the first N, N the dispatcher's (1 without a valid one)."""
+  return SpawnMathEnv.agents[1:1 + (spawn_count(response) or 1)]
+
+
+def delegated(response: str) -> tuple[str, ...] | None:
+  """The specialists the dispatcher's last `#### name, name` names (in SPECIALISTS order), None
+  when it names none or a name that is not a specialist."""
+  found = _DELEGATE.findall((response or "")[-2000:])
+  names = re.split(r"[\s,]+|\band\b", found[-1].strip().lower()) if found else []
+  names = [n for n in names if n]
+  if not names or any(n not in SPECIALISTS for n in names):
+    return None
+  return tuple(n for n in SPECIALISTS if n in names)
+
+
+def delegates(response: str) -> tuple[str, ...]:
+  """Workers the 'delegate' workflow runs: the named specialists, or the first without a valid
+  reply."""
+  return delegated(response) or tuple(SPECIALISTS)[:1]
 
 
 def approves(response: str) -> bool:
@@ -344,25 +392,39 @@ class SpawnMathEnv(_MathEnv):
   """The 'spawn' workflow (module doc): dispatcher -> N parallel solvers -> aggregator, one turn."""
 
   agents = ("dispatcher", *(f"worker_{i}" for i in range(1, MAX_WORKERS + 1)), "aggregator")
+  dispatcher_system = DISPATCHER_SYSTEM
 
-  def __init__(self, problem: MathProblem, format_penalty: float = 0.1, spawn_cost: float = 0.0):
+  def __init__(self, problem: MathProblem, format_penalty: float = 0.1, spawn_cost: float = 0.0,
+               latency_cost: float = 0.0, aggregation_bonus: float = 0.0):
     super().__init__(problem, 1)
-    if spawn_cost < 0:
-      raise ValueError(f"spawn_cost must be >= 0; got {spawn_cost}")
+    costs = dict(spawn_cost=spawn_cost, latency_cost=latency_cost,
+                 aggregation_bonus=aggregation_bonus)
+    if any(v < 0 for v in costs.values()):
+      raise ValueError(f"spawn_cost, latency_cost and aggregation_bonus must be >= 0; got {costs}")
     self.format_penalty = format_penalty
-    self.spawn_cost = spawn_cost
+    self.spawn_cost, self.latency_cost = spawn_cost, latency_cost
+    self.aggregation_bonus = aggregation_bonus
     self.spawned: tuple[str, ...] = ()
     self.solutions: dict[str, str] = {}
     self.answers: dict[str, str | None] = {}
+
+  def choose(self, response: str) -> tuple[str, ...] | None:
+    """The workers the dispatcher's reply picks, None when it picks none validly."""
+    n = spawn_count(response)
+    return None if n is None else self.agents[1:1 + n]
+
+  def worker_system(self, agent: str) -> str:
+    del agent
+    return SOLVER_SYSTEM
 
   def observe(self, agent: str) -> Observation:
     if agent not in self.agents:
       raise ValueError(f"unknown agent {agent!r}; expected one of {self.agents}")
     task = f"Problem: {self.problem.question}"
     if agent == "dispatcher":
-      return Observation(agent, self.turn, DISPATCHER_SYSTEM, task)
+      return Observation(agent, self.turn, self.dispatcher_system, task)
     if agent != "aggregator":
-      return Observation(agent, self.turn, SOLVER_SYSTEM, task)
+      return Observation(agent, self.turn, self.worker_system(agent), task)
     shown = "\n".join(f"Solver {i} (answer {self.answers.get(w)}):\n"
                       f"{truncate(self.solutions.get(w, ''), 1000)}"
                       for i, w in enumerate(self.spawned, start=1))
@@ -372,11 +434,11 @@ class SpawnMathEnv(_MathEnv):
     del tool_output
     self._begin(agent)
     if agent == "dispatcher":
-      n = spawn_count(response)
-      invalid = n is None
-      self.spawned = self.agents[1:1 + (n or 1)]
+      chosen = self.choose(response)
+      invalid = chosen is None
+      self.spawned = chosen or self.agents[1:2]
       return StepResult(agent, None, {agent: -self.format_penalty if invalid else 0.0}, False,
-                        {"decision": f"spawn {len(self.spawned)}", "spawn": list(self.spawned),
+                        {"decision": self.decision(), "spawn": list(self.spawned),
                          "format_error": invalid})
     if agent != "aggregator":
       if agent not in self.spawned:
@@ -390,16 +452,43 @@ class SpawnMathEnv(_MathEnv):
     answer = math_answers.last_boxed(response)
     self.final_correct = self.problem.correct(answer)
     any_correct = any(self.problem.correct(a) for a in self.answers.values())
+    kept = any_correct and self.final_correct
     self.finished = True
     self.turn = 1
-    return StepResult(agent, None, {agent: -self.format_penalty if answer is None else 0.0},
-                      True, {"answer": answer, "format_error": answer is None,
-                             "aggregate": list(self.spawned), "correct": self.final_correct,
-                             "any_worker_correct": any_correct, "solved": self.solved})
+    lengths = [len(self.solutions.get(w, "")) for w in self.spawned]
+    speedup = sum(lengths) / max(lengths) if max(lengths) else 1.0
+    reward = (-self.format_penalty if answer is None else 0.0) + self.aggregation_bonus * kept
+    return StepResult(agent, None, {agent: reward}, True,
+                      {"answer": answer, "format_error": answer is None,
+                       "aggregate": list(self.spawned), "correct": self.final_correct,
+                       "any_worker_correct": any_correct, "speedup": speedup,
+                       "solved": self.solved})
+
+  def decision(self) -> str:
+    return f"spawn {len(self.spawned)}"
 
   def final_rewards(self) -> dict[str, float]:
-    """The dispatcher's orchestration reward, settled at the end (envs/base.py)."""
-    return {"dispatcher": 0.0 - self.spawn_cost * len(self.spawned)}
+    """The dispatcher's orchestration reward, settled at the end (envs/base.py): compute (per
+    worker) and wall-clock (the longest worker reply, in thousands of characters) costs."""
+    longest = max(len(self.solutions.get(w, "")) for w in self.spawned)
+    return {"dispatcher": 0.0 - self.spawn_cost * len(self.spawned)
+            - self.latency_cost * longest / 1000}
+
+
+class DelegateMathEnv(SpawnMathEnv):
+  """The 'delegate' workflow (module doc): the dispatcher names which specialists solve."""
+
+  agents = ("dispatcher", *SPECIALISTS, "aggregator")
+  dispatcher_system = DELEGATOR_SYSTEM
+
+  def choose(self, response: str) -> tuple[str, ...] | None:
+    return delegated(response)
+
+  def worker_system(self, agent: str) -> str:
+    return SPECIALISTS[agent][1]
+
+  def decision(self) -> str:
+    return "delegate " + ",".join(self.spawned)
 
 
 class MARFTMathEnv(_MathEnv):

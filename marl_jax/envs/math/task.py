@@ -10,14 +10,16 @@ from typing import Any
 from marl_jax.envs.base import Task, Workflow
 from marl_jax.envs.data import file_rows
 from marl_jax.envs.math import data as math_data
-from marl_jax.envs.math.env import (ATGRPOMathEnv, DrMASMathEnv, LearnedStopMathEnv,
-                                    MARFTMathEnv, MathProblem, SingleMathEnv, SpawnMathEnv,
-                                    _MathEnv, approves, spawns, stops)
+from marl_jax.envs.math.env import (ATGRPOMathEnv, DelegateMathEnv, DrMASMathEnv,
+                                    LearnedStopMathEnv, MARFTMathEnv, MathProblem,
+                                    SingleMathEnv, SpawnMathEnv, _MathEnv, approves, delegates,
+                                    spawns, stops)
 
 # 'atgrpo' tool -> reasoner (tool replies run in the sandbox), 'drmas' solver <-> verifier loop
 # exiting on approval, 'learned_stop' that loop exiting on a coordinator's learned decision (the
-# cap a safety limit), 'spawn' a dispatcher spawning 1-4 solvers and an aggregator, 'marft' the
-# profiled chain (default roles), 'single' one solver.
+# cap a safety limit), 'spawn' a dispatcher spawning 1-4 solvers and an aggregator, 'delegate' a
+# dispatcher picking which of 4 specialists solve and an aggregator, 'marft' the profiled chain
+# (default roles), 'single' one solver.
 WORKFLOWS = {
     "atgrpo": Workflow(ATGRPOMathEnv.agents, max_turns=4, tool_agents=frozenset({"tool"})),
     "drmas": Workflow(DrMASMathEnv.agents, kind="loop", max_turns=2, exit_agent="verifier",
@@ -26,6 +28,8 @@ WORKFLOWS = {
                              exit_agent="coordinator", exit_when=stops),
     "spawn": Workflow(SpawnMathEnv.agents, kind="spawn", max_turns=1, fixed_turns=True,
                       spawn=spawns, topology="hierarchical"),
+    "delegate": Workflow(DelegateMathEnv.agents, kind="spawn", max_turns=1, fixed_turns=True,
+                         spawn=delegates, topology="hierarchical"),
     "marft": Workflow(("reasoner", "actor"), max_turns=3),
     "single": Workflow(SingleMathEnv.agents, max_turns=1, fixed_turns=True, topology="unknown"),
 }
@@ -54,19 +58,24 @@ def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,
              roles: list[str] | tuple[str, ...] = ("reasoner", "actor"),
              format_penalty: float = 0.1, round_cost: float = 0.0,
              premature_penalty: float = 0.0, spawn_cost: float = 0.0,
+             latency_cost: float = 0.0, aggregation_bonus: float = 0.0,
              **source: Any) -> _MathEnv:
   """Registry factory, e.g. make_env("math", problem={...}, workflow="drmas"). `max_turns` is the
   turn cap (atgrpo, default 4), loop cap (drmas, default 2; learned_stop, default 3) or step cap
   (marft, default 3). `round_cost` and `premature_penalty` price the coordinator's decisions
-  (learned_stop only), `spawn_cost` each spawned solver (spawn only); refused elsewhere when set."""
+  (learned_stop only); `spawn_cost` each spawned solver, `latency_cost` the longest solver reply
+  and `aggregation_bonus` rewards an aggregate that kept a right answer (spawn and delegate
+  only); refused elsewhere when set."""
   if workflow not in WORKFLOWS:
     raise ValueError(f"unknown math workflow {workflow!r}; expected one of {list(WORKFLOWS)}")
   if workflow != "learned_stop" and (round_cost or premature_penalty):
     raise ValueError(f"round_cost / premature_penalty price the learned_stop coordinator; "
                      f"workflow {workflow!r} has none (got {round_cost}, {premature_penalty})")
-  if workflow != "spawn" and spawn_cost:
-    raise ValueError(f"spawn_cost prices the spawn workflow's dispatcher; workflow {workflow!r} "
-                     f"has none (got {spawn_cost})")
+  spawning = dict(spawn_cost=spawn_cost, latency_cost=latency_cost,
+                  aggregation_bonus=aggregation_bonus)
+  if workflow not in ("spawn", "delegate") and any(spawning.values()):
+    raise ValueError(f"{spawning} price the spawn and delegate workflows' dispatcher and "
+                     f"aggregator; workflow {workflow!r} has none")
   problem = load_problem(**source)
   turns = max_turns or WORKFLOWS[workflow].max_turns
   if workflow == "atgrpo":
@@ -76,7 +85,9 @@ def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,
   if workflow == "learned_stop":
     return LearnedStopMathEnv(problem, turns, format_penalty, round_cost, premature_penalty)
   if workflow == "spawn":
-    return SpawnMathEnv(problem, format_penalty, spawn_cost)
+    return SpawnMathEnv(problem, format_penalty, **spawning)
+  if workflow == "delegate":
+    return DelegateMathEnv(problem, format_penalty, **spawning)
   if workflow == "marft":
     return MARFTMathEnv(problem, tuple(roles), turns)
   return SingleMathEnv(problem)
