@@ -46,6 +46,22 @@ def _team(choose):
   return generate
 
 
+def _dispatcher_groups(result, spec, preset: str, num_problems: int):
+  """The config's estimator over the rollout's samples; per problem, the dispatcher's
+  (sample, advantage) pairs."""
+  cfg = config_lib.build(orchestration_spawn.get_config(preset)).advantage
+  samples = result.samples
+  batch = batch_lib.make_batch(
+      [s.reward for s in samples], problem_id=[s.problem_id for s in samples],
+      turn=[s.turn for s in samples], agent_id=[s.agent_id for s in samples],
+      team_rewards=[s.team_reward for s in samples])
+  space = batch_lib.GroupSpace(num_problems=num_problems, max_turns=1,
+                               num_agents=len(spec.agents))
+  adv = np.asarray(estimate(batch, cfg, space).advantages)[:, 0]
+  return [[(s, adv[i]) for i, s in enumerate(samples)
+           if s.agent == "dispatcher" and s.problem_id == p] for p in range(num_problems)]
+
+
 def _solved(n: int) -> float:
   """By hand: one wrong answer (worker_1) and n - 1 right ones; the majority (first on a tie)
   is right from n = 3."""
@@ -75,23 +91,15 @@ def test_spawn_order_rewards_advantages_and_traces():
     assert samples[-1].messages[1]["content"].count("Solver ") == n
   assert len(set(spawned.values())) >= 3  # the scripted dispatcher varied its choice
 
-  cfg = config_lib.build(orchestration_spawn.get_config("cpu")).advantage
-  samples = result.samples
-  batch = batch_lib.make_batch(
-      [s.reward for s in samples], problem_id=[s.problem_id for s in samples],
-      turn=[s.turn for s in samples], agent_id=[s.agent_id for s in samples],
-      team_rewards=[s.team_reward for s in samples])
-  space = batch_lib.GroupSpace(num_problems=3, max_turns=1, num_agents=len(spec.agents))
-  adv = np.asarray(estimate(batch, cfg, space).advantages)[:, 0]
+  groups = _dispatcher_groups(result, spec, "cpu", num_problems=3)
+  assert all(len(members) == k for members in groups)  # the problem's K decisions form one group
   nonzero = 0
-  for p in range(3):
-    members = [i for i, s in enumerate(samples) if s.agent == "dispatcher" and s.problem_id == p]
-    assert len(members) == k  # the problem's K decisions form one group
-    r = np.array([_solved(spawned[samples[i].traj_id]) - cost * spawned[samples[i].traj_id]
-                  for i in members])
-    np.testing.assert_allclose(adv[members], (r - r.mean()) / (r.std(ddof=1) + 1e-6),
-                               rtol=1e-5, atol=1e-6)
-    nonzero += int(np.any(np.abs(adv[members]) > 0.1))
+  for members in groups:
+    r = np.array([_solved(spawned[s.traj_id]) - cost * spawned[s.traj_id] for s, _ in members])
+    adv = np.array([a for _, a in members])
+    np.testing.assert_allclose(adv, (r - r.mean()) / (r.std(ddof=1) + 1e-6), rtol=1e-5,
+                               atol=1e-6)
+    nonzero += int(np.any(np.abs(adv) > 0.1))
   assert nonzero >= 1
 
   for episode in result.episodes:
@@ -203,21 +211,13 @@ def test_delegate_routes_to_the_named_specialists_and_prices_their_wall_clock():
     expected[traj] = (solved + decision, sum(lengths) / max(lengths))
   assert len({len(t) for t in chosen.values()}) >= 3  # the scripted dispatcher varied its choice
 
-  cfg = config_lib.build(orchestration_spawn.get_config("delegate,cpu")).advantage
-  samples = result.samples
-  batch = batch_lib.make_batch(
-      [s.reward for s in samples], problem_id=[s.problem_id for s in samples],
-      turn=[s.turn for s in samples], agent_id=[s.agent_id for s in samples],
-      team_rewards=[s.team_reward for s in samples])
-  space = batch_lib.GroupSpace(num_problems=3, max_turns=1, num_agents=len(spec.agents))
-  adv = np.asarray(estimate(batch, cfg, space).advantages)[:, 0]
-  for p in range(3):
-    members = [i for i, s in enumerate(samples) if s.agent == "dispatcher" and s.problem_id == p]
+  for members in _dispatcher_groups(result, spec, "delegate,cpu", num_problems=3):
     assert len(members) == k
-    r = np.array([expected[samples[i].traj_id][0] for i in members])
-    np.testing.assert_allclose(adv[members], (r - r.mean()) / (r.std(ddof=1) + 1e-6),
-                               rtol=1e-5, atol=1e-6)
-    assert np.any(np.abs(adv[members]) > 0.1)  # distinct picks, distinct costs
+    r = np.array([expected[s.traj_id][0] for s, _ in members])
+    adv = np.array([a for _, a in members])
+    np.testing.assert_allclose(adv, (r - r.mean()) / (r.std(ddof=1) + 1e-6), rtol=1e-5,
+                               atol=1e-6)
+    assert np.any(np.abs(adv) > 0.1)  # distinct picks, distinct costs
 
   for episode in result.episodes:
     trace = episode.trace
