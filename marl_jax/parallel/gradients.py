@@ -311,6 +311,8 @@ def step_metrics(cfg: TrainConfig, loss, pre: Prepass, samples, terms, metrics, 
       pre.adv.advantages, pre.tmask, agent, A)
   reward = mixed_reward(samples, cfg.advantage.alpha)[:, None]
   report["agent/reward"], _ = per_agent_moments(reward, samples.sample_mask[:, None], agent, A)
+  report["agent/samples"] = jax.lax.psum(jax.ops.segment_sum(
+      samples.sample_mask.astype(jnp.float32), agent, num_segments=A), BATCH_AXES)
   return report
 
 

@@ -169,12 +169,18 @@ def _rollout_metrics(result, agents) -> dict[str, float]:
 
 
 def _scalars(metrics: dict[str, Any], agents: tuple[str, ...]) -> dict[str, float]:
-  """Device metrics -> named scalars; per-agent vectors become one entry per agent."""
+  """Device metrics -> named scalars; per-agent vectors become one entry per agent that has
+  samples in the update (an agent that did not act, e.g. a worker nobody spawned, has no mean to
+  report), besides `agent/samples/<agent>` for every agent (with PPO mini-batches: means over
+  the rollout's updates, as every step metric)."""
+  metrics = jax.device_get(metrics)
+  acted = np.asarray(metrics["agent/samples"]) > 0
   out = {}
-  for name, value in jax.device_get(metrics).items():
+  for name, value in metrics.items():
     value = np.asarray(value)
     if value.ndim == 1 and value.shape[0] == len(agents):
-      out.update({f"{name}/{a}": float(v) for a, v in zip(agents, value)})
+      out.update({f"{name}/{a}": float(v) for a, v, on in zip(agents, value, acted)
+                  if on or name == "agent/samples"})
     elif value.size == 1:
       out[f"train/{name}"] = float(value)
   return out

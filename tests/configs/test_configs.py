@@ -373,6 +373,16 @@ def _check_workdir(c, workdir, summary) -> list[dict]:
 def test_cpu_preset_trains_two_steps(name, preset, model_dir, tmp_path):
   c = _cpu_run(name, model_dir, preset)
   _check_workdir(c, tmp_path, trainer.train(c, str(tmp_path)))
+  # Per-agent train metrics exist exactly for the agents that acted in the update.
+  silent = 0
+  for record in read_metrics(tmp_path):
+    counts = {k.rsplit("/", 1)[1]: v for k, v in record.items() if k.startswith("agent/samples/")}
+    assert counts and sum(counts.values()) > 0
+    for agent, count in counts.items():
+      assert ("agent/adv_mean/" + agent in record) == (count > 0), (agent, count)
+      silent += count == 0
+  if name == "orchestration_spawn":  # the tiny model never writes a valid choice: one worker
+    assert silent > 0
 
 
 HOSTILE = (
