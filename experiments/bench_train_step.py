@@ -1,4 +1,4 @@
-"""Tokens/s of one full training step (forward, backward, AdamW update) vs a PyTorch reference.
+r"""Tokens/s of one full training step (forward, backward, AdamW update) vs a PyTorch reference.
 
     python -m experiments.bench_train_step [--batch 8 --prompt 128 --response 128 --steps 3]
     taskset -c 1 python -m experiments.bench_train_step --rounds 2   # one core, alternating

@@ -1,4 +1,4 @@
-"""Evaluates a team on held-out problems: accuracy (avg@k) and pass@k.
+r"""Evaluates a team on held-out problems: accuracy (avg@k) and pass@k.
 
     python -m experiments.evaluate --config=configs/atgrpo_plan_path.py:cpu --workdir=/tmp/run \
         [--checkpoint=STEP] [--split=NAME]
@@ -33,7 +33,8 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from marl_jax.training import eval_results, plots, trainer  # after flag parsing: --help stays fast
+  # Imported after flag parsing, so --help stays fast.
+  from marl_jax.training import eval_results, plots, trainer
   result = trainer.evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, _CHECKPOINT.value,
                                        _SPLIT.value)
   print(plots.markdown_table([{"metric": k, "value": v} for k, v in result.items()]))

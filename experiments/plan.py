@@ -1,4 +1,4 @@
-"""Plans a paper-scale run without the hardware: memory per device, FLOPs, step time, fit.
+r"""Plans a paper-scale run without the hardware: memory per device, FLOPs, step time, fit.
 
     python -m experiments.plan --config=configs/atgrpo_math.py:mas_shared --devices=8 \
         [--mesh=1,8,1] [--device=h100|v5e|v4|<GiB>] [--mfu=0.4] [--peak_tflops=989] \

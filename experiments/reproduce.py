@@ -1,9 +1,9 @@
-"""Reproduces a paper table: runs (cpu scale) or lists and collects (paper scale) every cell, and
+r"""Reproduces a paper table: runs (cpu scale) or lists and collects (paper scale) every cell, and
 prints ours beside the paper's.
 
     python -m experiments.reproduce --table=atgrpo_games --scale=cpu --root=/tmp/repro --seeds=3
-    python -m experiments.reproduce --table=drmas --scale=paper --root=/runs --model=/ckpt/Qwen3-4B \
-        --data_dir=/data
+    python -m experiments.reproduce --table=drmas --scale=paper --root=/runs \
+        --model=/ckpt/Qwen3-4B --data_dir=/data
 
 Tables: atgrpo_games, atgrpo_math_code (PAPERS.md section 1), drmas (section 2), magrpo
 (section 3), marft (section 4). A row is a config preset; a column is what it is evaluated on.

@@ -1,4 +1,4 @@
-"""Trains a team of LLM agents.
+r"""Trains a team of LLM agents.
 
     python -m experiments.train --config=configs/atgrpo_plan_path.py:cpu --workdir=/tmp/run \
         [--config.train.steps=10 --config.algo.estimator=drmas ...]

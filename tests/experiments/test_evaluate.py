@@ -1,5 +1,6 @@
-"""Evaluating a checkpoint (experiments.evaluate) on a named evaluation set: train on one file, evaluate on another in the
-same workdir, results under the set's name (the split reproduce collects)."""
+"""Evaluating a checkpoint (experiments.evaluate) on a named evaluation set: train on one file,
+evaluate on another in the same workdir, results under the set's name (the split reproduce
+collects)."""
 
 from __future__ import annotations
 

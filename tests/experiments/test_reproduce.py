@@ -54,7 +54,8 @@ def test_paper_scale_prints_every_cells_commands(table, tmp_path):
   configs = {c.config for c in t.paper_columns}
   assert len(trains) == len(rl_rows) * len(configs) * 2  # one training run per (row, config, seed)
   for argv in trains:
-    assert "--config.model=/ckpt/model" in argv and any(a.startswith("--config.seed=") for a in argv)
+    assert "--config.model=/ckpt/model" in argv
+    assert any(a.startswith("--config.seed=") for a in argv)
   for column in t.paper_columns:
     for key, name in column.eval_data:
       value = os.path.join("/data", name) if name in reproduce.PAPER_DATA.values() else name
