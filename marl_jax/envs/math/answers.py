@@ -30,7 +30,6 @@ from __future__ import annotations
 import cmath
 import random
 import re
-import time
 from typing import Any
 
 import sympy
@@ -38,7 +37,7 @@ import sympy
 from marl_jax.envs.math import latex
 
 MAX_ANSWER_CHARS = 1000  # longer "answers" are not answers; also bounds parsing time.
-CHECK_BUDGET_S = 0.25  # per is_equiv call; typical answers take a few milliseconds
+CHECK_BUDGET_S = 0.25  # CPU seconds per is_equiv call (latex.clock); typical answers take a few ms
 MAX_SCAN_CHARS = 20_000  # tail of a reply searched for \boxed
 _MAX_BOXED_TRIES = 4  # unbalanced \boxed{ candidates skipped before giving up
 _REL_TOL = 1e-9
@@ -196,7 +195,7 @@ def is_equiv(pred: str | None, gold: str) -> bool:
     return False
   if len(pred) > MAX_ANSWER_CHARS:
     return False
-  deadline = time.monotonic() + CHECK_BUDGET_S
+  deadline = latex.clock() + CHECK_BUDGET_S
   p, g = normalize(pred), normalize(gold)
   if p == g:
     return True

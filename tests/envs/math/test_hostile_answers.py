@@ -44,3 +44,19 @@ def test_time_budget_is_enforced(monkeypatch):
   monkeypatch.setattr(math_answers, "CHECK_BUDGET_S", -1.0)
   assert not math_answers.is_equiv("1/2", "0.5")  # needs parsing: over budget
   assert math_answers.is_equiv("0.5", "0.5")  # equal strings need no work
+
+
+def test_time_budget_counts_this_threads_work_not_waiting(monkeypatch):
+  """A loaded machine must not change a verdict: time spent waiting (here asleep, as when another
+  process holds the core) is not spent from the budget."""
+  monkeypatch.setattr(math_answers, "CHECK_BUDGET_S", 0.2)
+  normalize = math_answers.normalize
+
+  def waiting(s):
+    time.sleep(0.1)
+    return normalize(s)
+
+  monkeypatch.setattr(math_answers, "normalize", waiting)
+  start = time.monotonic()
+  assert math_answers.is_equiv("x^2+2x+1", "(x+1)^2")
+  assert time.monotonic() - start > 0.2  # over the budget in wall-clock time
