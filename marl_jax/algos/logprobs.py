@@ -91,11 +91,11 @@ def _shared_prompt_hidden(params, config, prompt, prompt_mask, response, num_pro
   p_hidden, cache = decoder.hidden_states(
       params, prompt[rows], decoder.positions_from_mask(p_mask), config, attn_mask=p_mask,
       cache=decoder.init_cache(config, num_prompts, Tp), adapters=p_adapters,
-      layer_hook=layer_hook, remat=remat)  # [P, Tp, D]; cache [L, P, Tp, Hkv, Dh]
+      layer_hook=layer_hook, remat=remat)  # [P, Tp, D]; cache [L, P, Hkv, Tp, Dh]
   first = p_hidden[slot, -1:]  # [n, 1, D]
   if R == 1:
     return first
-  grow = lambda kv: jnp.pad(kv[:, slot], ((0, 0), (0, 0), (0, R - 1), (0, 0), (0, 0)))
+  grow = lambda kv: jnp.pad(kv[:, slot], ((0, 0), (0, 0), (0, 0), (0, R - 1), (0, 0)))
   row_cache = decoder.KVCache(
       k=grow(cache.k), v=grow(cache.v),
       mask=jnp.concatenate([p_mask[slot], jnp.zeros((n, R - 1), bool)], axis=1),

@@ -27,10 +27,15 @@ LayerHook = Callable[[Params], Params]
 
 @flax.struct.dataclass
 class KVCache:
-  """Keys/values of every layer for S slots. Slot s of all rows is written at the same step."""
+  """Keys/values of every layer for S slots. Slot s of all rows is written at the same step.
 
-  k: jax.Array  # [L, B, S, Hkv, Dh]
-  v: jax.Array  # [L, B, S, Hkv, Dh]
+  Heads before slots, [B, Hkv, S, Dh] per layer: the attention dots then read each head's slots
+  as one contiguous matrix (with slots before heads, XLA transposed every layer's cache at every
+  decode step).
+  """
+
+  k: jax.Array  # [L, B, Hkv, S, Dh]
+  v: jax.Array  # [L, B, Hkv, S, Dh]
   mask: jax.Array  # [B, S] bool: slot holds a real (non-padding) token
   index: jax.Array  # [] int32: next slot to write
 
@@ -49,7 +54,7 @@ class LoraAdapters:
 
 
 def init_cache(config: ModelConfig, batch: int, max_len: int) -> KVCache:
-  shape = (config.num_hidden_layers, batch, max_len, config.num_key_value_heads, config.head_dim)
+  shape = (config.num_hidden_layers, batch, config.num_key_value_heads, max_len, config.head_dim)
   dtype = jnp.dtype(config.compute_dtype)
   return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
                  mask=jnp.zeros((batch, max_len), bool), index=jnp.zeros((), jnp.int32))
@@ -135,19 +140,41 @@ def _project(x: jax.Array, p: Params, lora: Params | None, adapters: LoraAdapter
   return y
 
 
-def _attention(q, k, v, mask):
-  """q: [B, T, Hq, Dh]; k, v: [B, S, Hkv, Dh]; mask: [B, T, S] -> [B, T, Hq*Dh]."""
+def _attention(q, k, v, mask, past=None):
+  """q: [B, T, Hq, Dh]; k, v: [B, T, Hkv, Dh], this call's; mask: [B, T, T] -> [B, T, Hq*Dh].
+
+  past: the cache the queries also attend to, (k, v [B, Hkv, S, Dh], mask [B, S]), or None.
+  Its scores and this call's share one softmax, and the cache is only read: writing this call's
+  keys/values into it before attending would copy every layer's [B, S] cache at every decode
+  step, while the one write after the layers touches only the T new slots (in place inside the
+  decode loop).
+  """
   B, T, Hq, Dh = q.shape
   Hkv = k.shape[2]
   q = q.reshape(B, T, Hkv, Hq // Hkv, Dh)
-  scores = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32) / math.sqrt(Dh)
-  scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(B, T, Hq * Dh)
+
+  def scores(keys, visible):  # keys [B, Hkv, S', Dh], visible broadcasts to [B, 1, 1, T, S']
+    s = jnp.einsum("btkgd,bksd->bkgts", q, keys).astype(jnp.float32) / math.sqrt(Dh)
+    return jnp.where(visible, s, jnp.finfo(jnp.float32).min)
+
+  k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [B, Hkv, T, Dh]
+  own = scores(k, mask[:, None, None])
+  if past is None:
+    probs = jax.nn.softmax(own, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgts,bksd->btkgd", probs, v).reshape(B, T, Hq * Dh)
+  past_k, past_v, past_mask = past
+  S = past_k.shape[2]
+  probs = jax.nn.softmax(jnp.concatenate([scores(past_k, past_mask[:, None, None, None]), own],
+                                         axis=-1), axis=-1).astype(v.dtype)
+  out = (jnp.einsum("bkgts,bksd->btkgd", probs[..., :S], past_v)
+         + jnp.einsum("bkgts,bksd->btkgd", probs[..., S:], v))
+  return out.reshape(B, T, Hq * Dh)
 
 
-def _layer(config: ModelConfig, x, p, lora, adapters, positions, inv_freq, kv_in, mask, index):
-  """One pre-norm decoder layer. kv_in: (k, v) cache slots [B, S, Hkv, Dh] or None."""
+def _layer(config: ModelConfig, x, p, lora, adapters, positions, inv_freq, past, mask):
+  """One pre-norm decoder layer; returns x and this call's (k, v) [B, Hkv, T, Dh].
+
+  past: (k, v [B, Hkv, S, Dh], mask [B, S]) cached slots to attend to, or None."""
   c = config
   B, T, _ = x.shape
   sub = lambda group, name: None if lora is None else lora.get(group, {}).get(name)
@@ -164,17 +191,14 @@ def _layer(config: ModelConfig, x, p, lora, adapters, positions, inv_freq, kv_in
     k = rms_norm(k, attn_p["k_norm"]["scale"], c.rms_norm_eps)
   q = apply_rope(q, positions, inv_freq)
   k = apply_rope(k, positions, inv_freq)
-  if kv_in is not None:
-    k = jax.lax.dynamic_update_slice_in_dim(kv_in[0], k.astype(kv_in[0].dtype), index, axis=1)
-    v = jax.lax.dynamic_update_slice_in_dim(kv_in[1], v.astype(kv_in[1].dtype), index, axis=1)
-  attn = _attention(q, k, v, mask)
+  attn = _attention(q, k, v, mask, past)
   x = x + _project(attn, attn_p["o_proj"], sub("self_attn", "o_proj"), adapters)
   mlp_p = p["mlp"]
   h = rms_norm(x, p["post_attention_layernorm"]["scale"], c.rms_norm_eps)
   gate = _project(h, mlp_p["gate_proj"], sub("mlp", "gate_proj"), adapters)
   up = _project(h, mlp_p["up_proj"], sub("mlp", "up_proj"), adapters)
   x = x + _project(jax.nn.silu(gate) * up, mlp_p["down_proj"], sub("mlp", "down_proj"), adapters)
-  return x, (k, v)
+  return x, (k.swapaxes(1, 2), v.swapaxes(1, 2))
 
 
 def hidden_states(
@@ -196,33 +220,29 @@ def hidden_states(
     attn_mask = jnp.ones((B, T), bool)
   x = jnp.take(params["embed_tokens"]["embedding"], tokens, axis=0).astype(c.compute_dtype)
   inv_freq = rope_inv_freq(c)
-  causal = jnp.tril(jnp.ones((T, T), bool))
-  if cache is None:
-    index = jnp.zeros((), jnp.int32)
-    mask = causal[None] & attn_mask[:, None, :]  # [B, T, T]
-  else:
-    index = cache.index
-    S = cache.mask.shape[1]
-    kv_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, attn_mask, index, axis=1)  # [B, S]
-    slot_ok = jnp.arange(S)[None, :] <= index + jnp.arange(T)[:, None]  # [T, S]
-    mask = slot_ok[None] & kv_mask[:, None, :]  # [B, T, S]
+  mask = jnp.tril(jnp.ones((T, T), bool))[None] & attn_mask[:, None, :]  # [B, T, T]
+  written = None if cache is None else (  # [B, S] slots that hold real tokens already
+      cache.mask & (jnp.arange(cache.mask.shape[1]) < cache.index)[None])
   lora_layers = None if adapters is None else adapters.params
 
   def body(x, xs):
     layer_p, layer_lora, kv_in = xs
     if layer_hook is not None:
       layer_p = layer_hook(layer_p)
-    x, kv_out = _layer(c, x, layer_p, layer_lora, adapters, positions, inv_freq, kv_in, mask,
-                       index)
-    return x, (kv_out if kv_in is not None else None)  # training keeps no per-layer k/v
+    past = None if kv_in is None else (*kv_in, written)
+    x, kv_new = _layer(c, x, layer_p, layer_lora, adapters, positions, inv_freq, past, mask)
+    return x, (kv_new if kv_in is not None else None)  # training keeps no per-layer k/v
 
   if remat:
     body = jax.checkpoint(body)
   kv_in = None if cache is None else (cache.k, cache.v)
   x, kv_out = jax.lax.scan(body, x, (params["layers"], lora_layers, kv_in))
   x = rms_norm(x, params["norm"]["scale"], c.rms_norm_eps)
-  if cache is not None:
-    cache = KVCache(k=kv_out[0], v=kv_out[1], mask=kv_mask, index=index + T)
+  if cache is not None:  # this call's [L, B, Hkv, T, Dh] into slots index .. index + T - 1
+    write = lambda old, new, axis: jax.lax.dynamic_update_slice_in_dim(
+        old, new.astype(old.dtype), cache.index, axis=axis)
+    cache = KVCache(k=write(cache.k, kv_out[0], 3), v=write(cache.v, kv_out[1], 3),
+                    mask=write(cache.mask, attn_mask, 1), index=cache.index + T)
   return x, cache
 
 

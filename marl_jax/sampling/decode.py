@@ -70,9 +70,9 @@ class Generated:
 
 
 def _grow(cache: decoder.KVCache, n: int) -> decoder.KVCache:
-  """The same cache with n empty slots appended: [L, B, S, ...] -> [L, B, S + n, ...]."""
+  """The same cache with n empty slots appended: [L, B, Hkv, S, Dh] -> [L, B, Hkv, S + n, Dh]."""
   pad = lambda x, axis: jnp.pad(x, [(0, n) if a == axis else (0, 0) for a in range(x.ndim)])
-  return cache.replace(k=pad(cache.k, 2), v=pad(cache.v, 2), mask=pad(cache.mask, 1))
+  return cache.replace(k=pad(cache.k, 3), v=pad(cache.v, 3), mask=pad(cache.mask, 1))
 
 
 def block_spans(new_slots: int, block: int) -> list[int]:
