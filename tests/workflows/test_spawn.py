@@ -245,3 +245,38 @@ def test_delegation_parsing():
   env = registry.make_env("math", seed=0, workflow="delegate")
   result = env.step("dispatcher", "all of them")  # no names: 'stepwise', the format penalty
   assert result.info["spawn"] == ["stepwise"] and result.rewards == {"dispatcher": -0.1}
+
+
+def test_costs_of_zero_leave_the_task_reward_alone():
+  """The same delegations priced and unpriced: with spawn_cost, latency_cost and
+  aggregation_bonus all 0 every call's reward is the fixed team's (the team reward: solved, and
+  no local term for well-formed replies) and the orchestration channel is 0; pricing changes the
+  dispatcher's and aggregator's local rewards only, by the amounts derived here."""
+  names = ("stepwise", "concise", "checker", "casework")
+  rng = random.Random(5)
+  picks = [rng.sample(names, rng.randint(1, 4)) for _ in range(2 * 3)]
+  spec = registry.workflow_spec("math", "delegate")
+
+  def run(**costs):
+    problems = [Problem("math", dict(seed=s, workflow="delegate", **costs), s) for s in range(2)]
+    it = iter(picks)
+    return rollout(problems, spec, _delegating_team(lambda: next(it)), None,
+                   RolloutConfig(mode="independent", k=3))
+
+  free = run(spawn_cost=0.0, latency_cost=0.0, aggregation_bonus=0.0)
+  priced = run(spawn_cost=0.1, latency_cost=0.2, aggregation_bonus=0.5)
+  assert len({len(p) for p in picks}) >= 2
+  for a, b in zip(free.episodes, priced.episodes):
+    assert a.rewards["orchestration"] == 0.0
+    assert b.rewards["team"] == a.rewards["team"]
+  for a, b in zip(free.samples, priced.samples, strict=True):
+    assert (a.agent, a.traj_id, a.generation.text) == (b.agent, b.traj_id, b.generation.text)
+    assert a.reward == 0.0 and a.team_reward == b.team_reward
+    if a.agent == "dispatcher":
+      team = [s for s in free.samples if s.traj_id == a.traj_id][1:-1]
+      longest = max(len(s.generation.text) for s in team)
+      assert b.reward == pytest.approx(-0.1 * len(team) - 0.2 * longest / 1000)
+    elif a.agent == "aggregator":
+      assert b.reward == pytest.approx(0.5 * a.team_reward)  # right answers kept when solved
+    else:
+      assert b.reward == 0.0
