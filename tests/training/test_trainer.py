@@ -37,9 +37,14 @@ def _env():
   return env
 
 
-def _worker(model_dir, workdir):
+def _worker(model_dir, workdir, cache_dir):
+  """A training process; the three runs of a test share compiled programs through cache_dir
+  (the resumed run loads the programs the others built, as a restarted job on a cluster would)."""
+  env = dict(_env(), JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
   return subprocess.Popen([sys.executable, WORKER, model_dir, str(workdir), str(STEPS)],
-                          env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def _by_step(workdir):
@@ -48,9 +53,9 @@ def _by_step(workdir):
 
 
 def test_sigkill_and_restart_continues_exactly(model_dir, tmp_path):
-  straight = _worker(model_dir, tmp_path / "straight")
+  straight = _worker(model_dir, tmp_path / "straight", tmp_path / "xla_cache")
   assert straight.wait(timeout=600) == 0, straight.stderr.read().decode()[-2000:]
-  killed = _worker(model_dir, tmp_path / "killed")
+  killed = _worker(model_dir, tmp_path / "killed", tmp_path / "xla_cache")
   marker = tmp_path / "killed" / "checkpoints" / "2" / "commit_success.txt"
   deadline = time.monotonic() + 600
   while not marker.exists() and killed.poll() is None and time.monotonic() < deadline:
@@ -58,7 +63,7 @@ def test_sigkill_and_restart_continues_exactly(model_dir, tmp_path):
   killed.send_signal(signal.SIGKILL)
   killed.wait()
   assert killed.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-  resumed = _worker(model_dir, tmp_path / "killed")
+  resumed = _worker(model_dir, tmp_path / "killed", tmp_path / "xla_cache")
   assert resumed.wait(timeout=600) == 0, resumed.stderr.read().decode()[-2000:]
   want, got = _by_step(tmp_path / "straight"), _by_step(tmp_path / "killed")
   assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
