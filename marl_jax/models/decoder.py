@@ -141,7 +141,7 @@ def _project(x: jax.Array, p: Params, lora: Params | None, adapters: LoraAdapter
 
 
 def _attention(q, k, v, mask, past=None):
-  """q: [B, T, Hq, Dh]; k, v: [B, T, Hkv, Dh], this call's; mask: [B, T, T] -> [B, T, Hq*Dh].
+  """q: [B, T, Hq, Dh]; k, v: [B, Hkv, T, Dh], this call's; mask: [B, T, T] -> [B, T, Hq*Dh].
 
   past: the cache the queries also attend to, (k, v [B, Hkv, S, Dh], mask [B, S]), or None.
   Its scores and this call's share one softmax, and the cache is only read: writing this call's
@@ -150,24 +150,20 @@ def _attention(q, k, v, mask, past=None):
   decode loop).
   """
   B, T, Hq, Dh = q.shape
-  Hkv = k.shape[2]
+  Hkv = k.shape[1]
   q = q.reshape(B, T, Hkv, Hq // Hkv, Dh)
-
-  def scores(keys, visible):  # keys [B, Hkv, S', Dh], visible broadcasts to [B, 1, 1, T, S']
-    s = jnp.einsum("btkgd,bksd->bkgts", q, keys).astype(jnp.float32) / math.sqrt(Dh)
-    return jnp.where(visible, s, jnp.finfo(jnp.float32).min)
-
-  k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [B, Hkv, T, Dh]
-  own = scores(k, mask[:, None, None])
-  if past is None:
-    probs = jax.nn.softmax(own, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgts,bksd->btkgd", probs, v).reshape(B, T, Hq * Dh)
-  past_k, past_v, past_mask = past
-  S = past_k.shape[2]
-  probs = jax.nn.softmax(jnp.concatenate([scores(past_k, past_mask[:, None, None, None]), own],
-                                         axis=-1), axis=-1).astype(v.dtype)
-  out = (jnp.einsum("bkgts,bksd->btkgd", probs[..., :S], past_v)
-         + jnp.einsum("bkgts,bksd->btkgd", probs[..., S:], v))
+  parts = [(k, v, mask[:, None, None])]  # (keys, values, visible [B, 1, 1, T, S'])
+  if past is not None:
+    parts.insert(0, (past[0], past[1], past[2][:, None, None, None]))
+  scores = [jnp.where(visible, jnp.einsum("btkgd,bksd->bkgts", q, keys).astype(jnp.float32)
+                      / math.sqrt(Dh), jnp.finfo(jnp.float32).min)
+            for keys, _, visible in parts]
+  probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(v.dtype)
+  out, start = 0.0, 0
+  for _, values, _ in parts:
+    span = values.shape[2]
+    out = out + jnp.einsum("bkgts,bksd->btkgd", probs[..., start:start + span], values)
+    start += span
   return out.reshape(B, T, Hq * Dh)
 
 
@@ -190,7 +186,8 @@ def _layer(config: ModelConfig, x, p, lora, adapters, positions, inv_freq, past,
     q = rms_norm(q, attn_p["q_norm"]["scale"], c.rms_norm_eps)
     k = rms_norm(k, attn_p["k_norm"]["scale"], c.rms_norm_eps)
   q = apply_rope(q, positions, inv_freq)
-  k = apply_rope(k, positions, inv_freq)
+  k = apply_rope(k, positions, inv_freq).swapaxes(1, 2)  # [B, Hkv, T, Dh]
+  v = v.swapaxes(1, 2)
   attn = _attention(q, k, v, mask, past)
   x = x + _project(attn, attn_p["o_proj"], sub("self_attn", "o_proj"), adapters)
   mlp_p = p["mlp"]
@@ -198,7 +195,7 @@ def _layer(config: ModelConfig, x, p, lora, adapters, positions, inv_freq, past,
   gate = _project(h, mlp_p["gate_proj"], sub("mlp", "gate_proj"), adapters)
   up = _project(h, mlp_p["up_proj"], sub("mlp", "up_proj"), adapters)
   x = x + _project(jax.nn.silu(gate) * up, mlp_p["down_proj"], sub("mlp", "down_proj"), adapters)
-  return x, (k.swapaxes(1, 2), v.swapaxes(1, 2))
+  return x, (k, v)
 
 
 def hidden_states(
@@ -221,15 +218,13 @@ def hidden_states(
   x = jnp.take(params["embed_tokens"]["embedding"], tokens, axis=0).astype(c.compute_dtype)
   inv_freq = rope_inv_freq(c)
   mask = jnp.tril(jnp.ones((T, T), bool))[None] & attn_mask[:, None, :]  # [B, T, T]
-  written = None if cache is None else (  # [B, S] slots that hold real tokens already
-      cache.mask & (jnp.arange(cache.mask.shape[1]) < cache.index)[None])
   lora_layers = None if adapters is None else adapters.params
 
   def body(x, xs):
     layer_p, layer_lora, kv_in = xs
     if layer_hook is not None:
       layer_p = layer_hook(layer_p)
-    past = None if kv_in is None else (*kv_in, written)
+    past = None if kv_in is None else (*kv_in, cache.mask)  # slots >= index are all False
     x, kv_new = _layer(c, x, layer_p, layer_lora, adapters, positions, inv_freq, past, mask)
     return x, (kv_new if kv_in is not None else None)  # training keeps no per-layer k/v
 

@@ -37,10 +37,10 @@ def _env():
   return env
 
 
-def _worker(model_dir, workdir, cache_dir):
-  """A training process; the three runs of a test share compiled programs through cache_dir
+def _worker(model_dir, workdir):
+  """A training process; the runs beside `workdir` share compiled programs through one cache
   (the resumed run loads the programs the others built, as a restarted job on a cluster would)."""
-  env = dict(_env(), JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+  env = dict(_env(), JAX_COMPILATION_CACHE_DIR=str(workdir.parent / "xla_cache"),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
   return subprocess.Popen([sys.executable, WORKER, model_dir, str(workdir), str(STEPS)],
@@ -53,9 +53,9 @@ def _by_step(workdir):
 
 
 def test_sigkill_and_restart_continues_exactly(model_dir, tmp_path):
-  straight = _worker(model_dir, tmp_path / "straight", tmp_path / "xla_cache")
+  straight = _worker(model_dir, tmp_path / "straight")
   assert straight.wait(timeout=600) == 0, straight.stderr.read().decode()[-2000:]
-  killed = _worker(model_dir, tmp_path / "killed", tmp_path / "xla_cache")
+  killed = _worker(model_dir, tmp_path / "killed")
   marker = tmp_path / "killed" / "checkpoints" / "2" / "commit_success.txt"
   deadline = time.monotonic() + 600
   while not marker.exists() and killed.poll() is None and time.monotonic() < deadline:
@@ -63,7 +63,7 @@ def test_sigkill_and_restart_continues_exactly(model_dir, tmp_path):
   killed.send_signal(signal.SIGKILL)
   killed.wait()
   assert killed.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-  resumed = _worker(model_dir, tmp_path / "killed", tmp_path / "xla_cache")
+  resumed = _worker(model_dir, tmp_path / "killed")
   assert resumed.wait(timeout=600) == 0, resumed.stderr.read().decode()[-2000:]
   want, got = _by_step(tmp_path / "straight"), _by_step(tmp_path / "killed")
   assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
