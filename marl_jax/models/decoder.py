@@ -148,23 +148,30 @@ def _attention(q, k, v, mask, past=None):
   keys/values into it before attending would copy every layer's [B, S] cache at every decode
   step, while the one write after the layers touches only the T new slots (in place inside the
   decode loop).
+
+  The G = Hq / Hkv query heads of a key/value head are the rows of one [G * T, Dh] matrix, so
+  each (row, kv head) is one plain matmul against its keys. Keeping G and T as separate dims of
+  the dots took twice as long at decode (one step's attention over 384 slots, SmolLM2-135M,
+  B = 16, 2-core CPU: 61 ms vs 31 ms for the 30 layers).
   """
   B, T, Hq, Dh = q.shape
   Hkv = k.shape[1]
-  q = q.reshape(B, T, Hkv, Hq // Hkv, Dh)
+  G = Hq // Hkv
+  q = q.reshape(B, T, Hkv, G, Dh).transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * T, Dh)
   parts = [(k, v, mask[:, None, None])]  # (keys, values, visible [B, 1, 1, T, S'])
   if past is not None:
     parts.insert(0, (past[0], past[1], past[2][:, None, None, None]))
-  scores = [jnp.where(visible, jnp.einsum("btkgd,bksd->bkgts", q, keys).astype(jnp.float32)
-                      / math.sqrt(Dh), jnp.finfo(jnp.float32).min)
+  scores = [jnp.where(visible, jnp.einsum("bkmd,bksd->bkms", q, keys).astype(jnp.float32)
+                      .reshape(B, Hkv, G, T, -1) / math.sqrt(Dh), jnp.finfo(jnp.float32).min)
             for keys, _, visible in parts]
   probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(v.dtype)
+  probs = probs.reshape(B, Hkv, G * T, -1)
   out, start = 0.0, 0
   for _, values, _ in parts:
     span = values.shape[2]
-    out = out + jnp.einsum("bkgts,bksd->btkgd", probs[..., start:start + span], values)
+    out = out + jnp.einsum("bkms,bksd->bkmd", probs[..., start:start + span], values)
     start += span
-  return out.reshape(B, T, Hq * Dh)
+  return out.reshape(B, Hkv, G, T, Dh).transpose(0, 3, 1, 2, 4).reshape(B, T, Hq * Dh)
 
 
 def _layer(config: ModelConfig, x, p, lora, adapters, positions, inv_freq, past, mask):
