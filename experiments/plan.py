@@ -70,7 +70,7 @@ from marl_jax.parallel import layouts, policies, sharding
 from marl_jax.parallel import mesh as mesh_lib
 from marl_jax.parallel.train_step import TrainConfig, TrainFns, make_train_step
 from marl_jax.sampling.decode import Knobs, generate_tokens
-from marl_jax.sampling.sampler import Buckets, Sampler, round_rows, round_up
+from marl_jax.sampling.sampler import Buckets, Sampler, prompt_layout, round_up
 from marl_jax.training import config as config_lib
 from marl_jax.training import preflight, trainer
 from marl_jax.workflows.rollout import id_layout
@@ -246,12 +246,12 @@ def rollout_samples(c: ml_collections.ConfigDict, built: config_lib.Built, promp
 
 def sampler_call(c: ml_collections.ConfigDict, turns: int, prompt_tokens: int,
                  buckets: Buckets = Buckets()) -> tuple[int, int, int, int]:
-  """(rows B, distinct prompts U, prompt width, new-token slots) of the largest `generate` call
-  (one agent's wave), padded as `Sampler` pads them."""
+  """(prompt entries U, rows per entry R, prompt width, new-token slots) of the largest
+  `generate` call (one agent's wave), laid out and padded as `Sampler` does it."""
   n, k = c.rollout.problems_per_step, c.rollout.k
-  rows, unique = {"tree": (n * k, n), "independent": (n * k, n * k),
-                  "magrpo_tree": (n * k ** turns, n * k ** (turns - 1))}[c.rollout.mode]
-  return (round_rows(rows, buckets.row_multiple), round_rows(unique, buckets.row_multiple),
+  unique, per_prompt = {"tree": (n, k), "independent": (n * k, 1),
+                        "magrpo_tree": (n * k ** (turns - 1), k)}[c.rollout.mode]
+  return (*prompt_layout([per_prompt] * unique, buckets.row_multiple),
           round_up(prompt_tokens, buckets.prompt_block),
           round_up(c.sampling.max_new_tokens, buckets.new_token_multiple))
 
@@ -416,7 +416,8 @@ def sampler_programs(c: ml_collections.ConfigDict, config: ModelConfig, mesh: ja
   sampler's own `generate_tokens` program: prefill, then the decode loops) and the FLOPs of one
   decode step over the largest span x `max_new_tokens`. Peaks count the whole train state
   (`resident` bytes) instead of their param arguments."""
-  rows, unique, width, slots = sampler_call(c, turns, prompt_tokens)
+  unique, per_prompt, width, slots = sampler_call(c, turns, prompt_tokens)
+  rows = unique * per_prompt
   params = jax.eval_shape(lambda key: decoder.init_params(config, key), jax.random.key(0))
   params = _abstract(params, mesh, sharding.model_specs(params, mesh.shape[mesh_lib.FSDP]))
   param_bytes = device_bytes(params)
@@ -442,7 +443,7 @@ def sampler_programs(c: ml_collections.ConfigDict, config: ModelConfig, mesh: ja
   f32 = jax.ShapeDtypeStruct((), jnp.float32)
   knobs = Knobs(temperature=f32, top_k=ints(), top_p=f32)
   key = jax.eval_shape(lambda: jax.random.key(0))
-  decode = analyse(generate, params, prompt, mask, ints(rows), key, knobs,
+  decode = analyse(generate, params, prompt, mask, ints(unique, per_prompt), key, knobs,
                    ints(sampler.buckets.min_stop_ids), ints())
   cache = jax.eval_shape(lambda: decoder.init_cache(config, rows, width + slots))
   decode["flops"] = c.sampling.max_new_tokens * matmul_flops(

@@ -140,36 +140,56 @@ def _project(x: jax.Array, p: Params, lora: Params | None, adapters: LoraAdapter
   return y
 
 
-def _attention(q, k, v, mask, past=None):
+def _by_prompt(x: jax.Array, rows: int) -> jax.Array:
+  """[B, Hkv, M, ...] -> [B / rows, Hkv, rows * M, ...]: each group of `rows` consecutive rows
+  becomes one matrix of rows * M query rows (rows = 1: a reshape of nothing)."""
+  B, H, M = x.shape[:3]
+  x = x.reshape(B // rows, rows, H, M, *x.shape[3:]).swapaxes(1, 2)
+  return x.reshape(B // rows, H, rows * M, *x.shape[4:])
+
+
+def _by_row(x: jax.Array, rows: int) -> jax.Array:
+  """The inverse of `_by_prompt`: [U, Hkv, rows * M, ...] -> [U * rows, Hkv, M, ...]."""
+  U, H, RM = x.shape[:3]
+  x = x.reshape(U, H, rows, RM // rows, *x.shape[3:]).swapaxes(1, 2)
+  return x.reshape(U * rows, H, RM // rows, *x.shape[4:])
+
+
+def _attention(q, k, v, mask, past=()):
   """q: [B, T, Hq, Dh]; k, v: [B, Hkv, T, Dh], this call's; mask: [B, T, T] -> [B, T, Hq*Dh].
 
-  past: the cache the queries also attend to, (k, v [B, Hkv, S, Dh], mask [B, S]), or None.
-  Its scores and this call's share one softmax, and the cache is only read: writing this call's
-  keys/values into it before attending would copy every layer's [B, S] cache at every decode
-  step, while the one write after the layers touches only the T new slots (in place inside the
-  decode loop).
+  past: cached slots the queries also attend to, a tuple of (k, v [Bp, Hkv, S, Dh], mask
+  [Bp, S]) parts, where Bp divides B and B / Bp consecutive rows read the same entry (a prompt's
+  keys/values shared by its samples: `hidden_states`'s prefix; Bp = B for a per-row cache). All parts'
+  scores and this call's share one softmax, and the caches are only read: writing this call's
+  keys/values into a cache before attending would copy every layer's [B, S] cache at every
+  decode step, while the one write after the layers touches only the T new slots (in place
+  inside the decode loop).
 
-  The G = Hq / Hkv query heads of a key/value head are the rows of one [G * T, Dh] matrix, so
-  each (row, kv head) is one plain matmul against its keys. Keeping G and T as separate dims of
-  the dots took twice as long at decode (one step's attention over 384 slots, SmolLM2-135M,
-  B = 16, 2-core CPU: 61 ms vs 31 ms for the 30 layers).
+  The G = Hq / Hkv query heads of a key/value head are the rows of one [G * T, Dh] matrix (and
+  for a shared part, the R rows that share it too: [R * G * T, Dh]), so each (entry, kv head) is
+  one plain matmul against its keys, and a shared prompt's keys are read once for its R rows.
+  Keeping G and T as separate dims of the dots took twice as long at decode (one step's
+  attention over 384 slots, SmolLM2-135M, B = 16, 2-core CPU: 61 ms vs 31 ms for the 30 layers).
   """
   B, T, Hq, Dh = q.shape
   Hkv = k.shape[1]
   G = Hq // Hkv
   q = q.reshape(B, T, Hkv, G, Dh).transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * T, Dh)
-  parts = [(k, v, mask[:, None, None])]  # (keys, values, visible [B, 1, 1, T, S'])
-  if past is not None:
-    parts.insert(0, (past[0], past[1], past[2][:, None, None, None]))
-  scores = [jnp.where(visible, jnp.einsum("bkmd,bksd->bkms", q, keys).astype(jnp.float32)
-                      .reshape(B, Hkv, G, T, -1) / math.sqrt(Dh), jnp.finfo(jnp.float32).min)
-            for keys, _, visible in parts]
+  parts = [(pk, pv, jnp.repeat(pm, B // pm.shape[0], axis=0)[:, None, None, None],
+            B // pm.shape[0]) for pk, pv, pm in past]
+  parts.append((k, v, mask[:, None, None], 1))  # (keys, values, visible [B, 1, 1, T, S'], rows)
+  scores = [jnp.where(visible, _by_row(jnp.einsum("bkmd,bksd->bkms", _by_prompt(q, rows), keys),
+                                       rows).astype(jnp.float32).reshape(B, Hkv, G, T, -1)
+                      / math.sqrt(Dh), jnp.finfo(jnp.float32).min)
+            for keys, _, visible, rows in parts]
   probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(v.dtype)
   probs = probs.reshape(B, Hkv, G * T, -1)
   out, start = 0.0, 0
-  for _, values, _ in parts:
+  for _, values, _, rows in parts:
     span = values.shape[2]
-    out = out + jnp.einsum("bkms,bksd->bkmd", probs[..., start:start + span], values)
+    part = _by_prompt(probs[..., start:start + span], rows)
+    out = out + _by_row(jnp.einsum("bkms,bksd->bkmd", part, values), rows)
     start += span
   return out.reshape(B, Hkv, G, T, Dh).transpose(0, 3, 1, 2, 4).reshape(B, T, Hq * Dh)
 
@@ -177,7 +197,7 @@ def _attention(q, k, v, mask, past=None):
 def _layer(config: ModelConfig, x, p, lora, adapters, positions, inv_freq, past, mask):
   """One pre-norm decoder layer; returns x and this call's (k, v) [B, Hkv, T, Dh].
 
-  past: (k, v [B, Hkv, S, Dh], mask [B, S]) cached slots to attend to, or None."""
+  past: cached parts to attend to, as `_attention` takes them."""
   c = config
   B, T, _ = x.shape
   sub = lambda group, name: None if lora is None else lora.get(group, {}).get(name)
@@ -213,11 +233,16 @@ def hidden_states(
     *,
     attn_mask: jax.Array | None = None,  # [B, T] bool; False = padding
     cache: KVCache | None = None,
+    prefix: KVCache | None = None,
     adapters: LoraAdapters | None = None,
     layer_hook: LayerHook | None = None,
     remat: bool = False,
 ) -> tuple[jax.Array, KVCache | None]:
-  """Final-norm hidden states [B, T, D] (and the extended cache when one is given)."""
+  """Final-norm hidden states [B, T, D] (and the extended cache when one is given).
+
+  prefix: a filled cache of U prompts that the rows continue, read-only, row b reading prompt
+  b // (B / U) (the G samples of a prompt in consecutive rows read its keys/values once; `cache`
+  then holds only the rows' own slots)."""
   c = config
   B, T = tokens.shape
   if attn_mask is None:
@@ -228,17 +253,20 @@ def hidden_states(
   lora_layers = None if adapters is None else adapters.params
 
   def body(x, xs):
-    layer_p, layer_lora, kv_in = xs
+    layer_p, layer_lora, kv_in, prefix_in = xs
     if layer_hook is not None:
       layer_p = layer_hook(layer_p)
-    past = None if kv_in is None else (*kv_in, cache.mask)  # slots >= index are all False
+    past = () if prefix_in is None else ((*prefix_in, prefix.mask),)
+    if kv_in is not None:
+      past += ((*kv_in, cache.mask),)  # slots >= index are all False
     x, kv_new = _layer(c, x, layer_p, layer_lora, adapters, positions, inv_freq, past, mask)
     return x, (kv_new if kv_in is not None else None)  # training keeps no per-layer k/v
 
   if remat:
     body = jax.checkpoint(body)
   kv_in = None if cache is None else (cache.k, cache.v)
-  x, kv_out = jax.lax.scan(body, x, (params["layers"], lora_layers, kv_in))
+  prefix_in = None if prefix is None else (prefix.k, prefix.v)
+  x, kv_out = jax.lax.scan(body, x, (params["layers"], lora_layers, kv_in, prefix_in))
   x = rms_norm(x, params["norm"]["scale"], c.rms_norm_eps)
   if cache is not None:  # this call's [L, B, Hkv, T, Dh] into slots index .. index + T - 1
     write = lambda old, new, axis: jax.lax.dynamic_update_slice_in_dim(

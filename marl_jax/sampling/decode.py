@@ -1,17 +1,21 @@
 """The jittable generation core: prefill each distinct prompt once, then decode every row.
 
-`generate_tokens` is a pure function of (params, unique prompts, row -> prompt map, key, knobs,
-stop ids, ...): it is what the host `Sampler` jits.
+`generate_tokens` is a pure function of (params, unique prompts, their rows, key, knobs, stop
+ids, ...): it is what the host `Sampler` jits.
 
-  * Shared prefill. RL asks for G samples of one prompt. The U distinct prompts [U, Tp] are
-    prefilled once; row b then continues prompt `group[b]`: its first token is drawn from that
-    prompt's last logits and its KV cache rows are gathered from the prompt's, [U, ...] -> [B, ...].
+  * Shared prompts. RL asks for G samples of one prompt. The U distinct prompts [U, Tp] are
+    prefilled once, and the R rows `rows[u]` continue prompt u: their first tokens are drawn from
+    its last logits, and at every decode step they read its keys/values as one shared prefix
+    (`decoder.hidden_states(prefix=...)`): the prompt's cache is neither copied per row nor read
+    once per row. Its R rows' queries form one matrix against it, so the prompt part of decode
+    attention is a real matmul instead of R thin ones. Each row's own cache holds only its
+    generated tokens.
   * Decode runs inside `lax.while_loop`s that exit as soon as every row has finished or `max_new`
     tokens were produced; it never returns to the host mid-generation.
   * Bounded attention span. With `block > 0` the decode is split into blocks of `block` steps, a
-    Python loop of static shapes: block j attends over a cache of Tp + (j + 1) * block slots (the
-    cache grows by `block` empty slots between blocks), so early steps do not read the empty
-    tail of a Tp + new_slots cache. Blocks that start after every row finished run zero steps.
+    Python loop of static shapes: block j attends over the prompt and (j + 1) * block row slots
+    (the rows' cache grows by `block` empty slots between blocks), so early steps do not read the
+    empty tail of a new_slots cache. Blocks that start after every row finished run zero steps.
     The price is one compiled loop body per block (compile time, not compile count). It pays on
     CPU: one SmolLM2-135M decode step over a 320-token prompt took 0.48 s with a 384-slot cache
     vs 0.77 s with 576 slots at B = 8, and 1.77 s vs 2.80 s at B = 32 (min of 10-15 interleaved
@@ -32,11 +36,11 @@ of one prompt spent 91% of its row-steps on useful tokens (math: 930 of 8 x 128;
 because most rows run to the budget (`experiments/bench_rl.py` reports this fraction).
 
 Conventions:
-  * Prompts are left-padded. `group[b] = -1` marks batch padding: such a row counts as finished
+  * Prompts are left-padded. `rows[u, j] = -1` marks batch padding: such a row counts as finished
     from the start, so it never keeps the loop alive. Padding prompts (all-False mask) are fine.
-  * Row b samples step s with key `fold_in(fold_in(key, b), s)`: a row's tokens depend only on its
-    own prompt, its index and the key, never on the other rows, the padded batch size, or whether
-    its prompt was shared with other rows.
+  * Row `rows[u, j] = b` samples step s with key `fold_in(fold_in(key, b), s)`: a row's tokens
+    depend only on its own prompt, its index b and the key, never on the other rows, the layout
+    [U, R], or whether its prompt was shared with other rows.
   * After a row finishes, its remaining slots hold `pad_id` with log-prob 0; `lengths` counts the
     produced tokens, including the stop token that ended the row.
 """
@@ -86,7 +90,7 @@ def generate_tokens(
     params: decoder.Params,
     prompt: jax.Array,  # [U, Tp] int32, left-padded distinct prompts
     prompt_mask: jax.Array,  # [U, Tp] bool, False on padding
-    group: jax.Array,  # [B] int32: the prompt row b continues; -1 = batch padding
+    rows: jax.Array,  # [U, R] int32: the caller's index of each row continuing prompt u; -1 = pad
     key: jax.Array,  # typed PRNG key
     knobs: Knobs,
     stop_ids: jax.Array,  # [K] int32, -1 = unused slot
@@ -101,21 +105,22 @@ def generate_tokens(
     truncates: bool,
     pad_id: int = 0,
 ) -> Generated:
-  """Generates up to `max_new` tokens per row (static buffers of `new_slots`)."""
-  U, Tp = prompt.shape
-  B = group.shape[0]
-  cache = decoder.init_cache(config, U, Tp)
-  hidden, cache = decoder.hidden_states(params, prompt, decoder.positions_from_mask(prompt_mask),
-                                        config, attn_mask=prompt_mask, cache=cache,
-                                        adapters=adapters)
-  source = jnp.maximum(group, 0)  # [B]
-  logits = decoder.lm_logits(params, hidden[:, -1], config)[source]  # [B, V]; last position only
-  take = lambda x: x[:, source]  # [L, U, ...] -> [L, B, ...]
-  cache = cache.replace(k=take(cache.k), v=take(cache.v), mask=cache.mask[source])
+  """Generates up to `max_new` tokens for each of the U * R rows (static buffers of
+  `new_slots`); outputs are in row-major [U, R] order, flattened to [U * R, ...]."""
+  U, R = rows.shape
+  B = U * R
+  prefix = decoder.init_cache(config, U, prompt.shape[1])
+  hidden, prefix = decoder.hidden_states(params, prompt, decoder.positions_from_mask(prompt_mask),
+                                         config, attn_mask=prompt_mask, cache=prefix,
+                                         adapters=adapters)
+  per_row = lambda x: jnp.repeat(x, R, axis=0)  # [U, ...] -> [B, ...]
+  logits = per_row(decoder.lm_logits(params, hidden[:, -1], config))  # [B, V]; last position
+  cache = decoder.init_cache(config, B, 0)  # the rows' own slots; _grow adds them per block
   if adapters is not None:
-    adapters = adapters.replace(policy_ids=adapters.policy_ids[source])
-  prompt_lengths = jnp.sum(prompt_mask, axis=-1, dtype=jnp.int32)[source]  # [B]
-  row_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(B))
+    adapters = adapters.replace(policy_ids=per_row(adapters.policy_ids))
+  prompt_lengths = per_row(jnp.sum(prompt_mask, axis=-1, dtype=jnp.int32))  # [B]
+  row_ids = rows.reshape(B)
+  row_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.maximum(row_ids, 0))
 
   def choose(logits, step):
     keys = jax.vmap(jax.random.fold_in, (0, None))(row_keys, step)
@@ -132,7 +137,7 @@ def generate_tokens(
     return (out_tokens, out_logp, lengths + live, stopped | hit, finished | hit)
 
   state = (jnp.full((B, new_slots), pad_id, jnp.int32), jnp.zeros((B, new_slots), jnp.float32),
-           jnp.zeros((B,), jnp.int32), jnp.zeros((B,), bool), group < 0)
+           jnp.zeros((B,), jnp.int32), jnp.zeros((B,), bool), row_ids < 0)
   tokens, logp = choose(logits, 0)
   state = record(state, 0, tokens, logp)
 
@@ -140,13 +145,14 @@ def generate_tokens(
     step, cache, tokens, state = carry
     pos = (prompt_lengths + step - 1)[:, None]  # the fed token was produced at step - 1
     hidden, cache = decoder.hidden_states(params, tokens[:, None], pos, config, cache=cache,
-                                          adapters=adapters)
+                                          prefix=prefix, adapters=adapters)
     tokens, logp = choose(decoder.lm_logits(params, hidden[:, 0], config), step)
     return step + 1, cache, tokens, record(state, step, tokens, logp)
 
   carry, visible = (jnp.int32(1), cache, tokens, state), 0
   for span in block_spans(new_slots, block):
-    # Step s feeds its input token into slot Tp + s - 1, so this block can run steps s <= span.
+    # Step s feeds its input token into the rows' slot s - 1, so this block can run steps
+    # s <= span.
     carry = (carry[0], _grow(carry[1], span - visible)) + carry[2:]
     limit = jnp.minimum(max_new, span + 1)
     cond = lambda c, limit=limit: (c[0] < limit) & ~jnp.all(c[3][-1])

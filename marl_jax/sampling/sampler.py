@@ -8,21 +8,22 @@ compiled program.
 
 Shared prompts. RL asks for G samples of a prompt (tree branches, independent trajectories at
 their first turn), and the rollout passes them as G equal entries of `prompts`. `generate` finds
-the U distinct (prompt, LoRA policy) pairs on the host and the core prefills only those,
-broadcasting their KV caches to the rows (`decode.py`); outputs are the same as prefilling every
+the distinct (prompt, LoRA policy) pairs on the host and lays the rows out as U prompt entries x
+R rows (`prompt_layout`); the core prefills each entry once and its R rows read its keys/values
+as one shared prefix at every decode step (`decode.py`). Outputs are the same as prefilling every
 row, and row b still draws with `fold_in(key, b)`, b its index in `prompts`.
 
-Shapes and compiles. Rows B and distinct prompts U round up to a power of two below
-`Buckets.row_multiple` and to a multiple of it above (`round_rows`: a lone prompt is not
-prefilled 8 times), the prompt width to a multiple of `Buckets.prompt_block` (not a power of two:
-a 270-token prompt pads to 320, not 512), new-token slots to a multiple of
+Shapes and compiles. Prompt entries U round up to a power of two below `Buckets.row_multiple`
+and to a multiple of it above (`round_rows`: a lone prompt is not prefilled 8 times), rows per
+entry R to a power of two, the prompt width to a multiple of `Buckets.prompt_block` (not a power
+of two: a 270-token prompt pads to 320, not 512), new-token slots to a multiple of
 `Buckets.new_token_multiple`, stop ids to a power of two. `Sampler.num_compiles` counts compiled
-programs: at most one per distinct (U bucket, B bucket, width bucket, new-slot bucket, stop
-bucket, variant), the variant being greedy / sampling / truncated sampling. So with at most R
-rows, prompts of at most P tokens and one `max_new_tokens`, a run compiles at most
-n (n + 1) / 2 * ceil(P / prompt_block) * 3 programs, n = log2(row_multiple) +
-ceil(R / row_multiple) row buckets (U <= B), times the stop-bucket count (one in practice);
-knobs and params never recompile.
+programs: at most one per distinct (U bucket, R, width bucket, new-slot bucket, stop bucket,
+variant), the variant being greedy / sampling / truncated sampling. With at most n row buckets
+(n = log2(row_multiple) + ceil(rows / row_multiple)) and R <= the largest group, a run with
+prompts of at most P tokens and one `max_new_tokens` compiles at most
+n * (log2(largest group) + 1) * ceil(P / prompt_block) * 3 programs, times the stop-bucket count
+(one in practice); knobs and params never recompile.
 
 What a `Completion` holds:
   * `tokens` / `logprobs`: the generated tokens and, for each, log_softmax(logits / T) at the token,
@@ -91,6 +92,22 @@ def round_rows(n: int, multiple: int) -> int:
   """Row buckets: powers of two below `multiple`, then multiples of it (1, 2, 4, 8, 16, 24, ...
   for 8), so a group of one prompt is not prefilled 8 times."""
   return bucket(n, 1) if n < multiple else round_up(n, multiple)
+
+
+def prompt_layout(counts: Sequence[int], multiple: int) -> tuple[int, int]:
+  """(U, R): decode rows as U prompt entries x R rows each, for distinct prompts with `counts`
+  rows. A prompt with c rows takes ceil(c / R) entries (prefilled once each); U rounds with
+  `round_rows`. R is the power of two (up to the largest count) giving the fewest decode rows
+  U * R, the largest on ties (fewer prefills): 2 prompts x 8 samples -> (2, 8); 8 distinct
+  prompts -> (8, 1); one prompt of 8 rows beside 7 single ones -> (16, 1), not (8, 8)."""
+  if not counts or min(counts) < 1:
+    raise ValueError(f"row counts {list(counts)}; expected at least one prompt, each with a row")
+  best = None
+  for r in (1 << i for i in range(bucket(max(counts), 1).bit_length())):
+    u = round_rows(sum(-(-c // r) for c in counts), multiple)
+    if best is None or u * r <= best[0] * best[1]:
+      best = (u, r)
+  return best
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +202,7 @@ class Sampler:
       if policy_ids.shape != (n_rows,):
         raise ValueError(f"adapters.policy_ids has shape {policy_ids.shape}; expected "
                          f"({n_rows},), one policy per prompt")
-    tokens, mask, group, prompt_policy = self._pack(ids, policy_ids)
+    tokens, mask, rows, prompt_policy = self._pack(ids, policy_ids)
     if adapters is not None:
       adapters = adapters.replace(policy_ids=prompt_policy)
     b = self.buckets
@@ -194,14 +211,17 @@ class Sampler:
     stop_ids[:len(stop)] = stop
     knobs = Knobs(temperature=jnp.float32(sampling.logprob_temperature),
                   top_k=jnp.int32(sampling.top_k), top_p=jnp.float32(sampling.top_p))
-    out = self._generate(params, tokens, mask, group, key, knobs, stop_ids,
+    out = self._generate(params, tokens, mask, rows, key, knobs, stop_ids,
                          jnp.int32(sampling.max_new_tokens), adapters,
                          new_slots=round_up(sampling.max_new_tokens, b.new_token_multiple),
                          greedy=sampling.greedy, truncates=sampling.truncates)
     out = jax.device_get(out)
-    return [self._completion(out.tokens[i, :out.lengths[i]], out.logprobs[i, :out.lengths[i]],
-                             bool(out.stopped[i]), len(ids[i]), sampling.stop_strings)
-            for i in range(n_rows)]
+    at = np.zeros((n_rows,), np.int64)  # row i's place in the [U * R] output
+    flat = rows.reshape(-1)
+    at[flat[flat >= 0]] = np.nonzero(flat >= 0)[0]
+    return [self._completion(out.tokens[j, :out.lengths[j]], out.logprobs[j, :out.lengths[j]],
+                             bool(out.stopped[j]), len(ids[i]), sampling.stop_strings)
+            for i, j in enumerate(at)]
 
   def _check(self, ids: list[list[int]], sampling: SamplingParams) -> None:
     context = self.config.max_position_embeddings
@@ -216,31 +236,34 @@ class Sampler:
                        f"{self.top_candidates}; expected top_k <= top_candidates (or raise it)")
 
   def _pack(self, ids: list[list[int]], policy_ids: np.ndarray | None):
-    """Distinct prompts, left-padded: tokens / mask [U, Tp], group [B] (row -> prompt, -1 =
-    padding) and each prompt's policy id [U] (None without adapters)."""
-    index: dict[tuple, int] = {}  # (prompt, policy) -> prompt row
-    group, firsts = [], []  # each row's prompt row; each prompt's first row
+    """Distinct prompts, left-padded: tokens / mask [U, Tp], the caller's row index of each of
+    their R rows [U, R] (-1 = padding; `prompt_layout`), and each prompt's policy id [U] (None
+    without adapters)."""
+    index: dict[tuple, int] = {}  # (prompt, policy) -> distinct prompt
+    members: list[list[int]] = []  # each distinct prompt's rows
     for i, row in enumerate(ids):
       policy = None if policy_ids is None else int(policy_ids[i])
       identity = (tuple(row), policy) if self.share_prompts else (i,)
-      u = index.setdefault(identity, len(firsts))
-      if u == len(firsts):
-        firsts.append(i)
-      group.append(u)
+      u = index.setdefault(identity, len(members))
+      if u == len(members):
+        members.append([])
+      members[u].append(i)
     b = self.buckets
-    n_unique = round_rows(len(firsts), b.row_multiple)
+    n_prompts, per_prompt = prompt_layout([len(m) for m in members], b.row_multiple)
+    entries = [m[j:j + per_prompt] for m in members for j in range(0, len(m), per_prompt)]
     width = round_up(max(len(row) for row in ids), b.prompt_block)
-    tokens = np.full((n_unique, width), self.pad_id, np.int32)
-    mask = np.zeros((n_unique, width), bool)
-    for u, i in enumerate(firsts):
-      tokens[u, width - len(ids[i]):] = ids[i]
-      mask[u, width - len(ids[i]):] = True
-    rows = np.full((round_rows(len(ids), b.row_multiple),), -1, np.int32)
-    rows[:len(ids)] = group
+    tokens = np.full((n_prompts, width), self.pad_id, np.int32)
+    mask = np.zeros((n_prompts, width), bool)
+    rows = np.full((n_prompts, per_prompt), -1, np.int32)
+    for u, entry in enumerate(entries):
+      first = ids[entry[0]]
+      tokens[u, width - len(first):] = first
+      mask[u, width - len(first):] = True
+      rows[u, :len(entry)] = entry
     prompt_policy = None
     if policy_ids is not None:
-      prompt_policy = np.zeros((n_unique,), np.int32)
-      prompt_policy[:len(firsts)] = policy_ids[firsts]
+      prompt_policy = np.zeros((n_prompts,), np.int32)
+      prompt_policy[:len(entries)] = policy_ids[[entry[0] for entry in entries]]
     return tokens, mask, rows, prompt_policy
 
   def _stop_token_ids(self, sampling: SamplingParams) -> tuple[int, ...]:

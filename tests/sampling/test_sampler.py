@@ -20,7 +20,8 @@ from marl_jax.models import decoder
 from marl_jax.models.config import get_preset
 from marl_jax.sampling.params import SamplingParams
 from marl_jax.sampling.decode import block_spans
-from marl_jax.sampling.sampler import Buckets, Sampler, bucket, round_rows, round_up
+from marl_jax.sampling.sampler import (Buckets, Sampler, bucket, prompt_layout, round_rows,
+                                      round_up)
 
 CONFIG = get_preset("tiny-llama")
 TEACHER_WIDTH = 64  # longest prompt + completion the tests teacher-force
@@ -94,6 +95,22 @@ def test_round_up_to_block_multiples():
   assert [round_up(n, 64) for n in (0, 1, 64, 65, 270, 512)] == [64, 64, 64, 128, 320, 512]
   assert [round_up(n, 8) for n in (1, 8, 9, 17)] == [8, 8, 16, 24]
   assert [round_rows(n, 8) for n in (1, 2, 3, 5, 8, 9, 17)] == [1, 2, 4, 8, 8, 16, 24]
+
+
+def test_prompt_layout_fewest_rows_then_fewest_prefills():
+  # Rows as U entries x R: [8, 8] fits 16 rows with R = 1, 2, 4 or 8 (16 / 8 / 4 / 2 entries);
+  # the tie goes to R = 8 (2 prefills).
+  assert prompt_layout([8, 8], 8) == (2, 8)
+  assert prompt_layout([1] * 8, 8) == (8, 1)
+  # 15 entries -> 16 rows at R = 1; R = 2 needs 4 + 7 = 11 entries -> 16 x 2 = 32 rows.
+  assert prompt_layout([8] + [1] * 7, 8) == (16, 1)
+  # R = 1: 9 entries -> 16 rows; R = 2: 3 + 1 + 1 + 1 = 6 -> 8 x 2 = 16 (tie, larger R); R = 4:
+  # 5 -> 8 x 4 = 32.
+  assert prompt_layout([5, 2, 1, 1], 8) == (8, 2)
+  assert prompt_layout([3], 8) == (1, 4)  # 4 rows at R = 1, 2 or 4
+  for bad in ([], [2, 0]):
+    with pytest.raises(ValueError, match="row counts"):
+      prompt_layout(bad, 8)
 
 
 def test_block_spans():
@@ -270,7 +287,8 @@ def test_tokenizer_stop_ids_are_the_default(params, char_sampler):
 
 
 SHARED = [PROMPTS[0], PROMPTS[1], PROMPTS[0], PROMPTS[2], PROMPTS[0], PROMPTS[1], PROMPTS[3],
-          PROMPTS[0], PROMPTS[0]]  # 9 rows, 4 distinct prompts (5 copies of the first)
+          PROMPTS[0], PROMPTS[0]]  # 9 rows, 4 distinct prompts (5 copies of the first): 8 x 2
+GROUPS = [PROMPTS[1], PROMPTS[2]] * 4  # 2 prompts x 4 samples, interleaved: 2 x 4
 
 
 @pytest.fixture(scope="module")
@@ -283,20 +301,24 @@ def unshared_sampler():
     SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.9, stop_token_ids=()),
     SamplingParams(max_new_tokens=12, temperature=0.8, stop_token_ids=(7, 11)),
 ])
-def test_shared_prefill_equals_unshared(params, sampler, unshared_sampler, sampling):
-  """Prefilling each distinct prompt once gives every row what prefilling it alone gives (same
-  keys), and log-probs still equal a teacher-forced forward."""
-  shared = sampler.generate(params, SHARED, sampling, jax.random.key(2))
-  unshared = unshared_sampler.generate(params, SHARED, sampling, jax.random.key(2))
-  for prompt, s, u in zip(SHARED, shared, unshared):
+@pytest.mark.parametrize("prompts", [SHARED, GROUPS], ids=["mixed", "groups"])
+def test_shared_prefill_equals_unshared(params, sampler, unshared_sampler, sampling, prompts):
+  """Prefilling each distinct prompt once and decoding its rows against it as one shared prefix
+  gives every row what prefilling it alone gives (same keys), and log-probs still equal a
+  teacher-forced forward."""
+  counts = [prompts.count(p) for p in {tuple(p): p for p in prompts}.values()]
+  assert prompt_layout(counts, 8)[1] == (2 if prompts is SHARED else 4)  # rows share prefixes
+  shared = sampler.generate(params, prompts, sampling, jax.random.key(2))
+  unshared = unshared_sampler.generate(params, prompts, sampling, jax.random.key(2))
+  for prompt, s, u in zip(prompts, shared, unshared):
     np.testing.assert_array_equal(s.tokens, u.tokens)
     np.testing.assert_allclose(s.logprobs, u.logprobs, atol=1e-5, rtol=0)
     assert s.finish_reason == u.finish_reason
     logp = np_log_softmax(teacher_forced_logits(params, prompt, s.tokens) /
                           sampling.logprob_temperature)
     np.testing.assert_allclose(s.logprobs, logp[np.arange(len(s.tokens)), s.tokens], atol=1e-4)
-  copies = {tuple(c.tokens) for p, c in zip(SHARED, shared) if p == PROMPTS[0]}
-  assert len(copies) == (1 if sampling.greedy else 5)  # copies of one prompt sample apart
+  copies = {tuple(c.tokens) for p, c in zip(prompts, shared) if p == prompts[0]}
+  assert len(copies) == (1 if sampling.greedy else prompts.count(prompts[0]))  # sampled apart
 
 
 def test_shared_prefill_keeps_policies_apart(params, sampler, unshared_sampler):
