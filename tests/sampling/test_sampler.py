@@ -322,13 +322,15 @@ def test_shared_prefill_equals_unshared(params, sampler, unshared_sampler, sampl
 
 
 def test_shared_prefill_keeps_policies_apart(params, sampler, unshared_sampler):
-  """The same prompt under two LoRA policies is two prefills, not one."""
+  """The same prompt under two LoRA policies is two prefills, not one, and each prompt entry's
+  rows decode under its policy (4 entries x 4 rows here: (P1, 0) x 4, (P1, 1) x 4, (P2, 1))."""
   L, D, r = CONFIG.num_hidden_layers, CONFIG.hidden_size, 4
   ka, kb = jax.random.split(jax.random.key(8))
   lora = {"mlp": {"up_proj": {"a": jax.random.normal(ka, (L, 2, D, r)),
                               "b": jax.random.normal(kb, (L, 2, r, CONFIG.intermediate_size))}}}
-  prompts = [PROMPTS[1], PROMPTS[1], PROMPTS[1], PROMPTS[2]]
-  adapters = decoder.LoraAdapters(params=lora, policy_ids=jnp.array([0, 1, 0, 1]), scale=0.5)
+  prompts = [PROMPTS[1]] * 8 + [PROMPTS[2]]
+  assert prompt_layout([4, 4, 1], 8) == (4, 4)
+  adapters = decoder.LoraAdapters(params=lora, policy_ids=jnp.array([0, 1] * 4 + [1]), scale=0.5)
   sampling = SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=())
   shared = sampler.generate(params, prompts, sampling, jax.random.key(0), adapters=adapters)
   unshared = unshared_sampler.generate(params, prompts, sampling, jax.random.key(0),
