@@ -425,9 +425,8 @@ def sampler_programs(c: ml_collections.ConfigDict, config: ModelConfig, mesh: ja
   prompt, mask = ints(unique, width), jax.ShapeDtypeStruct((unique, width), jnp.bool_)
 
   def prefill(params, prompt, mask):  # prompt, mask: [U, Tp]
-    cache = decoder.init_cache(config, prompt.shape[0], prompt.shape[1])
     hidden, cache = decoder.hidden_states(params, prompt, decoder.positions_from_mask(mask),
-                                          config, attn_mask=mask, cache=cache)
+                                          config, attn_mask=mask, fill_cache=True)
     return decoder.lm_logits(params, hidden[:, -1], config), cache
 
   def decode_step(params, tokens, positions, cache):  # tokens, positions: [B, 1]

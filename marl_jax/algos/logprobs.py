@@ -90,8 +90,8 @@ def _shared_prompt_hidden(params, config, prompt, prompt_mask, response, num_pro
       policy_ids=adapters.policy_ids[rows])
   p_hidden, cache = decoder.hidden_states(
       params, prompt[rows], decoder.positions_from_mask(p_mask), config, attn_mask=p_mask,
-      cache=decoder.init_cache(config, num_prompts, Tp), adapters=p_adapters,
-      layer_hook=layer_hook, remat=remat)  # [P, Tp, D]; cache [L, P, Hkv, Tp, Dh]
+      fill_cache=True, adapters=p_adapters, layer_hook=layer_hook,
+      remat=remat)  # [P, Tp, D]; cache [L, P, Hkv, Tp, Dh]
   first = p_hidden[slot, -1:]  # [n, 1, D]
   if R == 1:
     return first

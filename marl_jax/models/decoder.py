@@ -234,6 +234,7 @@ def hidden_states(
     attn_mask: jax.Array | None = None,  # [B, T] bool; False = padding
     cache: KVCache | None = None,
     prefix: KVCache | None = None,
+    fill_cache: bool = False,
     adapters: LoraAdapters | None = None,
     layer_hook: LayerHook | None = None,
     remat: bool = False,
@@ -242,7 +243,14 @@ def hidden_states(
 
   prefix: a filled cache of U prompts that the rows continue, read-only, row b reading prompt
   b // (B / U) (the G samples of a prompt in consecutive rows read its keys/values once; `cache`
-  then holds only the rows' own slots)."""
+  then holds only the rows' own slots).
+  fill_cache: return this call's keys/values as a new cache of exactly T filled slots (a prompt's
+  prefill). Prefilling into an empty `init_cache` instead would also score every query against
+  the T empty slots: twice the attention work, and inside jit the empty cache is a constant that
+  XLA folds at compile time (`experiments.plan` of configs/learning_cpu.py: two folds of a
+  [8, 3, 3, 512, 512] softmax max, 52 s each; 128 s in all vs 23 s with fill_cache)."""
+  if fill_cache and cache is not None:
+    raise ValueError("fill_cache=True builds a new cache; expected cache=None")
   c = config
   B, T = tokens.shape
   if attn_mask is None:
@@ -260,7 +268,7 @@ def hidden_states(
     if kv_in is not None:
       past += ((*kv_in, cache.mask),)  # slots >= index are all False
     x, kv_new = _layer(c, x, layer_p, layer_lora, adapters, positions, inv_freq, past, mask)
-    return x, (kv_new if kv_in is not None else None)  # training keeps no per-layer k/v
+    return x, (kv_new if kv_in is not None or fill_cache else None)  # training keeps no k/v
 
   if remat:
     body = jax.checkpoint(body)
@@ -268,6 +276,8 @@ def hidden_states(
   prefix_in = None if prefix is None else (prefix.k, prefix.v)
   x, kv_out = jax.lax.scan(body, x, (params["layers"], lora_layers, kv_in, prefix_in))
   x = rms_norm(x, params["norm"]["scale"], c.rms_norm_eps)
+  if fill_cache:  # [L, B, Hkv, T, Dh]
+    return x, KVCache(k=kv_out[0], v=kv_out[1], mask=attn_mask, index=jnp.asarray(T, jnp.int32))
   if cache is not None:  # this call's [L, B, Hkv, T, Dh] into slots index .. index + T - 1
     write = lambda old, new, axis: jax.lax.dynamic_update_slice_in_dim(
         old, new.astype(old.dtype), cache.index, axis=axis)

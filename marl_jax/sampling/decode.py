@@ -109,9 +109,8 @@ def generate_tokens(
   `new_slots`); outputs are in row-major [U, R] order, flattened to [U * R, ...]."""
   U, R = rows.shape
   B = U * R
-  prefix = decoder.init_cache(config, U, prompt.shape[1])
   hidden, prefix = decoder.hidden_states(params, prompt, decoder.positions_from_mask(prompt_mask),
-                                         config, attn_mask=prompt_mask, cache=prefix,
+                                         config, attn_mask=prompt_mask, fill_cache=True,
                                          adapters=adapters)
   per_row = lambda x: jnp.repeat(x, R, axis=0)  # [U, ...] -> [B, ...]
   logits = per_row(decoder.lm_logits(params, hidden[:, -1], config))  # [B, V]; last position

@@ -1,4 +1,5 @@
-"""HF checkpoint directories: export -> transformers (PyTorch) logits, load round trips, errors."""
+"""HF checkpoint directories: export -> transformers (PyTorch) logits and prefill cache, load round
+trips, errors."""
 
 from __future__ import annotations
 
@@ -66,6 +67,43 @@ def test_export_matches_transformers_logits(config, tmp_path):
                             attn_mask=jnp.asarray(mask))
   diff = np.abs(np.asarray(ours) - ref)[mask]  # padding positions have no meaningful logits
   assert diff.max() <= 1e-4, diff.max()
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
+def test_fill_cache_holds_the_prompts_keys_and_values(name, tmp_path):
+  """fill_cache=True returns the hidden states of a cacheless forward and, per layer, the
+  post-rope keys and the values transformers keeps in its past_key_values, at every real token."""
+  config = PRESETS.get(name)
+  params = random_params(config)
+  export_hf_dir(params, config, str(tmp_path))
+  model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
+  tokens, mask, positions = left_padded_batch(config.vocab_size, [9, 5, 1, 7])
+  with torch.no_grad():
+    past = model(input_ids=torch.tensor(tokens, dtype=torch.long),
+                 attention_mask=torch.tensor(mask, dtype=torch.long),
+                 position_ids=torch.tensor(positions, dtype=torch.long),
+                 use_cache=True).past_key_values
+  args = (params, jnp.asarray(tokens), jnp.asarray(positions), config)
+  hidden, cache = decoder.hidden_states(*args, attn_mask=jnp.asarray(mask), fill_cache=True)
+  plain, _ = decoder.hidden_states(*args, attn_mask=jnp.asarray(mask))
+  np.testing.assert_array_equal(np.asarray(hidden), np.asarray(plain))
+  T = tokens.shape[1]
+  assert int(cache.index) == T and cache.k.shape == (
+      config.num_hidden_layers, 4, config.num_key_value_heads, T, config.head_dim)
+  np.testing.assert_array_equal(np.asarray(cache.mask), mask)
+  for layer in range(config.num_hidden_layers):
+    ref_k, ref_v = past.layers[layer].keys.numpy(), past.layers[layer].values.numpy()
+    for ours, ref in ((cache.k[layer], ref_k), (cache.v[layer], ref_v)):
+      diff = np.abs(np.asarray(ours) - ref).transpose(0, 2, 1, 3)[mask]  # [real tokens, H, Dh]
+      assert diff.max() <= 1e-5, (layer, diff.max())
+
+
+def test_fill_cache_refuses_a_cache():
+  config = PRESETS.get("tiny-llama")
+  tokens = jnp.zeros((1, 3), jnp.int32)
+  with pytest.raises(ValueError, match="fill_cache=True builds a new cache; expected cache=None"):
+    decoder.hidden_states(random_params(config), tokens, tokens, config, fill_cache=True,
+                          cache=decoder.init_cache(config, 1, 3))
 
 
 @pytest.mark.parametrize("name", TINY)
