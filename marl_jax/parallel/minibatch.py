@@ -31,7 +31,7 @@ from marl_jax.parallel import layouts
 from marl_jax.parallel.gradients import RolloutTargets
 from marl_jax.parallel.train_step import TrainConfig, TrainFns, TrainState
 
-__all__ = ["plan", "ppo_updates", "select_rows"]
+__all__ = ["mean_metrics", "plan", "ppo_updates", "select_rows"]
 
 
 def _blocks(cfg: TrainConfig, tree: Any) -> list[Any]:
@@ -102,10 +102,24 @@ def _host(x: jax.Array) -> np.ndarray:
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def _mean_metrics(host: list[dict[str, Any]]) -> dict[str, np.ndarray]:
-  """Per-update metrics (on the host) -> their means over the updates (MARFT reports the same)."""
-  return {k: np.mean([np.asarray(h[k], np.float64) for h in host], axis=0).astype(np.float32)
-          for k in host[0]}
+def mean_metrics(host: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+  """Per-update metrics (on the host) -> their means over the updates (MARFT reports the same).
+
+  A per-agent vector [A] (`agent/...`) averages each agent over the updates in which it had
+  samples: in the others its num / den pairs count nothing and read 0, which would pull the
+  mean towards 0 (an agent whose rows all fell into one of two mini-batches would report half
+  its loss). `agent/samples` itself stays the plain mean, and an agent that never acted keeps 0
+  (the trainer reports no value for it)."""
+  acted = np.stack([np.asarray(h["agent/samples"]) > 0 for h in host])  # [updates, A]
+  out = {}
+  for k in host[0]:
+    values = np.stack([np.asarray(h[k], np.float64) for h in host])  # [updates, ...]
+    if k.startswith("agent/") and k != "agent/samples":
+      values = np.where(acted, values, 0.0).sum(0) / np.maximum(acted.sum(0), 1)
+    else:
+      values = values.mean(0)
+    out[k] = values.astype(np.float32)
+  return out
 
 
 def ppo_updates(fns: TrainFns, cfg: TrainConfig, state: TrainState, frozen: Any, batch: Any,
@@ -126,7 +140,7 @@ def ppo_updates(fns: TrainFns, cfg: TrainConfig, state: TrainState, frozen: Any,
       state, metrics = fns.step(state, frozen, mb, mt)
       history.append(metrics)
   host = jax.device_get(history)
-  out = _mean_metrics(host)
+  out = mean_metrics(host)
   out["updates"] = np.float32(len(host))
   out["policy_skipped"] = np.float32(len(host) - sum(bool(m["policy_updated"]) for m in host))
   out.update({f"adv/{k}": v for k, v in jax.device_get(adv_metrics).items()})

@@ -124,6 +124,23 @@ def test_the_batch_is_checked_once_per_rollout_not_per_update(monkeypatch):
   assert out["updates"] == 4 and len(checked) == 1
 
 
+def test_per_agent_means_count_only_updates_in_which_the_agent_acted():
+  """Three updates, three agents: agent 0 acts in updates 1-2, agent 1 in update 2 only, agent 2
+  never (a step reports 0 for an agent's num / den pairs when it has no rows). Scalars and
+  agent/samples are plain means over the 3 updates; per-agent metrics average the updates in
+  which the agent had samples, and a never-acting agent stays 0."""
+  host = [{"loss": 1.0, "agent/samples": np.array([4.0, 0.0, 0.0]),
+           "agent/policy": np.array([2.0, 0.0, 0.0])},
+          {"loss": 3.0, "agent/samples": np.array([2.0, 3.0, 0.0]),
+           "agent/policy": np.array([4.0, -6.0, 0.0])},
+          {"loss": 5.0, "agent/samples": np.array([0.0, 0.0, 0.0]),
+           "agent/policy": np.array([0.0, 0.0, 0.0])}]
+  out = minibatch.mean_metrics(host)
+  assert out["loss"] == 3.0
+  np.testing.assert_array_equal(out["agent/samples"], [2.0, 1.0, 0.0])
+  np.testing.assert_array_equal(out["agent/policy"], [3.0, -6.0, 0.0])
+
+
 def test_plan_covers_every_kept_row_once_per_epoch():
   kept = [np.array([1, 1, 0, 1, 1, 1, 0, 1], bool), np.array([1, 0, 0, 0, 1, 0, 0, 0], bool)]
   mbs = minibatch.plan(kept, 4, np.random.default_rng(0))
