@@ -6,6 +6,8 @@ reply's characters that are vowels, so advantages are non-zero and params change
 
 from __future__ import annotations
 
+import functools
+
 import jax
 
 from marl_jax.envs import base as envs_base
@@ -51,11 +53,27 @@ def register() -> None:
       lambda v, t, seed: dict(seed=seed)), replace=True)
 
 
-def write_tiny_model(path: str) -> None:
-  """A random 2-layer Llama with the embedded SmolLM2 tokenizer, as an HF directory."""
+@functools.lru_cache(maxsize=None)
+def _tiny_model():
+  """The tiny model's config, params and tokenizer, built once per process: the random init
+  compiles and the GGUF tokenizer parses the embedded file, seconds each, while writing them out
+  takes milliseconds. Nothing mutates them (jax arrays; `export_hf_dir` only reads the tokenizer)."""
   config = model_config.get_preset("tiny-llama").replace(vocab_size=49152)
   params = decoder.init_params(config, jax.random.key(0), scale=0.5)
-  hf.export_hf_dir(params, config, path, tokenizer=Tokenizer.from_gguf(embedded_gguf_path()))
+  return config, params, Tokenizer.from_gguf(embedded_gguf_path())
+
+
+def embedded_tokenizer() -> Tokenizer:
+  """The embedded SmolLM2 tokenizer (`Tokenizer.from_gguf`), the one the tiny model is written
+  with; shared within the process, so callers must not change it."""
+  return _tiny_model()[2]
+
+
+def write_tiny_model(path: str) -> None:
+  """A random 2-layer Llama with the embedded SmolLM2 tokenizer, as an HF directory (the same
+  files on every call: seeded init, one fresh directory per caller)."""
+  config, params, tokenizer = _tiny_model()
+  hf.export_hf_dir(params, config, path, tokenizer=tokenizer)
 
 
 def toy_config(model_dir: str, steps: int):

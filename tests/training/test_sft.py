@@ -12,8 +12,6 @@ import transformers
 import toy_task
 from configs import atgrpo_plan_path, atgrpo_sokoban
 from marl_jax.errors import UserInputError
-from marl_jax.models.tokenizer import Tokenizer
-from marl_jax.models.loading import embedded_gguf_path
 from marl_jax.parallel.policies import PolicyConfig
 from marl_jax.models import config as model_config
 from marl_jax.training import config as config_lib
@@ -34,7 +32,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-  return Tokenizer.from_gguf(embedded_gguf_path())
+  return toy_task.embedded_tokenizer()  # the embedded GGUF tokenizer, built once per process
 
 
 def _config(model_dir, preset="cpu"):
