@@ -77,11 +77,11 @@ def _shared_prompt_hidden(params, config, prompt, prompt_mask, response, num_pro
   """`response_hidden` with each distinct prompt computed once (see there).
 
   Pass 1 runs the `num_prompts` distinct prompts and keeps their per-layer keys/values (a KV
-  cache of Tp slots). Pass 2 runs every row's response[:-1] against its prompt's cache entries,
-  gathered per row, as decode reads a prefilled cache. The state before response token 0 is the
-  prompt's last hidden state. Gradients flow back through the gather, so a shared prompt's
+  cache of Tp slots). Pass 2 runs every row's response[:-1] against its prompt's keys/values,
+  gathered per row, as a read-only prefix (`hidden_states(prefix=...)` with one row per entry;
+  the rows of a prompt are not consecutive in the batch). The state before response token 0 is
+  the prompt's last hidden state. Gradients flow back through the gather, so a shared prompt's
   gradient is the sum over its rows, as in the unshared forward."""
-  n, Tp = prompt.shape
   R = response.shape[1]
   rows, slot = distinct_prompts(prompt, prompt_mask,
                                 None if adapters is None else adapters.policy_ids, num_prompts)
@@ -95,14 +95,11 @@ def _shared_prompt_hidden(params, config, prompt, prompt_mask, response, num_pro
   first = p_hidden[slot, -1:]  # [n, 1, D]
   if R == 1:
     return first
-  grow = lambda kv: jnp.pad(kv[:, slot], ((0, 0), (0, 0), (0, 0), (0, R - 1), (0, 0)))
-  row_cache = decoder.KVCache(
-      k=grow(cache.k), v=grow(cache.v),
-      mask=jnp.concatenate([p_mask[slot], jnp.zeros((n, R - 1), bool)], axis=1),
-      index=jnp.asarray(Tp, jnp.int32))
+  per_row = cache.replace(k=cache.k[:, slot], v=cache.v[:, slot],
+                          mask=p_mask[slot])  # [L, n, Hkv, Tp, Dh]
   positions = jnp.sum(prompt_mask, axis=1, keepdims=True) + jnp.arange(R - 1)  # [n, R - 1]
   hidden, _ = decoder.hidden_states(params, response[:, :-1], positions, config,
-                                    cache=row_cache, adapters=adapters, layer_hook=layer_hook,
+                                    prefix=per_row, adapters=adapters, layer_hook=layer_hook,
                                     remat=remat)
   return jnp.concatenate([first, hidden], axis=1)
 
