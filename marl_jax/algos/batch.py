@@ -13,9 +13,10 @@ pair, `node_id`, and its parent follows `parent_node`), so the estimators' stati
 (`BatchShape.space`) follow from the config alone. The estimators decode group ids
 with `group_ids` and mix rewards with `mixed_reward`.
 
-Host side (NumPy): `build_rows` pads samples into one flat block; shapes are bucketed (rows,
-prompt width and response width round up to powers of two above a minimum) so a run compiles a
-handful of train steps, not one per batch. Padding rows carry `sample_mask=False` and an all-False
+Host side (NumPy): `build_rows` pads samples into one flat block; shapes are bucketed so a run
+compiles a handful of train steps, not one per batch: rows round up to powers of two, prompt and
+response widths to multiples of `BatchShape.width_block` (powers of two below it): a 301-token
+game prompt pads to 320, not 512. Padding rows carry `sample_mask=False` and an all-False
 token mask: they never enter a statistic or a loss (the Dr. MAS public code padded with duplicated
 samples *before* computing advantages; we do not). Arranging blocks per policy kind is the policy
 layout's job (`parallel/layouts.py`).
@@ -32,7 +33,7 @@ import jax
 import numpy as np
 
 from marl_jax.algos.segments import in_range
-from marl_jax.sampling.sampler import bucket
+from marl_jax.sampling.sampler import bucket, round_bucket
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,6 +287,7 @@ class BatchShape:
   min_rows: int = 8
   min_prompt: int = 32
   min_response: int = 16
+  width_block: int = 64  # prompt / response widths: powers of two below it, then its multiples
 
   @property
   def space(self) -> GroupSpace:
@@ -299,8 +301,10 @@ class BatchShape:
     `block_rows` samples in one block: bucketed, rows a multiple of `multiple`."""
     if not samples:
       raise ValueError("no samples to train on; the rollout produced none")
-    width = bucket(max(len(s.generation.prompt_ids) for s in samples), self.min_prompt)
-    resp = bucket(max(max(len(s.generation.token_ids), 1) for s in samples), self.min_response)
+    width = max(self.min_prompt, round_bucket(max(len(s.generation.prompt_ids) for s in samples),
+                                              self.width_block))
+    resp = max(self.min_response,
+               round_bucket(max(len(s.generation.token_ids) for s in samples), self.width_block))
     rows = bucket(max(block_rows, 1), self.min_rows)
     return -(-rows // self.multiple) * self.multiple, width, resp
 

@@ -14,7 +14,7 @@ as one shared prefix at every decode step (`decode.py`). Outputs are the same as
 row, and row b still draws with `fold_in(key, b)`, b its index in `prompts`.
 
 Shapes and compiles. Prompt entries U round up to a power of two below `Buckets.row_multiple`
-and to a multiple of it above (`round_rows`: a lone prompt is not prefilled 8 times), rows per
+and to a multiple of it above (`round_bucket`: a lone prompt is not prefilled 8 times), rows per
 entry R to a power of two, the prompt width to a multiple of `Buckets.prompt_block` (not a power
 of two: a 270-token prompt pads to 320, not 512), new-token slots to a multiple of
 `Buckets.new_token_multiple`, stop ids to a power of two. `Sampler.num_compiles` counts compiled
@@ -88,23 +88,24 @@ def round_up(n: int, multiple: int) -> int:
   return -(-max(n, 1) // multiple) * multiple
 
 
-def round_rows(n: int, multiple: int) -> int:
-  """Row buckets: powers of two below `multiple`, then multiples of it (1, 2, 4, 8, 16, 24, ...
-  for 8), so a group of one prompt is not prefilled 8 times."""
+def round_bucket(n: int, multiple: int) -> int:
+  """Powers of two below `multiple`, then multiples of it (1, 2, 4, 8, 16, 24, ... for 8): few
+  shapes for small n, and padding under `multiple` for large n. The sampler's row buckets (a group
+  of one prompt is not prefilled 8 times) and the learner's widths (`algos.batch.BatchShape`)."""
   return bucket(n, 1) if n < multiple else round_up(n, multiple)
 
 
 def prompt_layout(counts: Sequence[int], multiple: int) -> tuple[int, int]:
   """(U, R): decode rows as U prompt entries x R rows each, for distinct prompts with `counts`
   rows. A prompt with c rows takes ceil(c / R) entries (prefilled once each); U rounds with
-  `round_rows`. R is the power of two (up to the largest count) giving the fewest decode rows
+  `round_bucket`. R is the power of two (up to the largest count) giving the fewest decode rows
   U * R, the largest on ties (fewer prefills): 2 prompts x 8 samples -> (2, 8); 8 distinct
   prompts -> (8, 1); one prompt of 8 rows beside 7 single ones -> (16, 1), not (8, 8)."""
   if not counts or min(counts) < 1:
     raise ValueError(f"row counts {list(counts)}; expected at least one prompt, each with a row")
   best = None
   for r in (1 << i for i in range(bucket(max(counts), 1).bit_length())):
-    u = round_rows(sum(-(-c // r) for c in counts), multiple)
+    u = round_bucket(sum(-(-c // r) for c in counts), multiple)
     if best is None or u * r <= best[0] * best[1]:
       best = (u, r)
   return best

@@ -89,6 +89,11 @@ def test_sizes_bucket_and_round_to_the_multiple():
                      multiple=6)
   # Rows: 9 -> power of two 16 -> multiple of 6: 18. Prompt 40 -> 64; response 17 -> 32.
   assert shape.sizes(samples, block_rows=9) == (18, 64, 32)
+  # Widths above width_block = 64 round to its multiples, not to powers of two: a 301-token
+  # prompt to 320 (not 512), a 130-token response to 192 (not 256); 64 stays 64.
+  long = [sample(0, 0, 0, 0, [1] * 301, [2] * 130), sample(0, 1, 0, 1, [1] * 64, [2] * 64)]
+  assert shape.sizes(long, block_rows=2) == (12, 320, 192)
+  assert shape.sizes(long[1:], block_rows=1) == (12, 64, 64)
   # Minimums: 8 rows, 32 prompt tokens, 16 response tokens.
   assert BatchShape(1, 2, 1, 2).sizes(samples[1:], block_rows=1) == (8, 32, 16)
   with pytest.raises(ValueError, match="no samples"):

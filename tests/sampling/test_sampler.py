@@ -20,7 +20,7 @@ from marl_jax.models import decoder
 from marl_jax.models.config import get_preset
 from marl_jax.sampling.params import SamplingParams
 from marl_jax.sampling.decode import block_spans
-from marl_jax.sampling.sampler import (Buckets, Sampler, bucket, prompt_layout, round_rows,
+from marl_jax.sampling.sampler import (Buckets, Sampler, bucket, prompt_layout, round_bucket,
                                       round_up)
 
 CONFIG = get_preset("tiny-llama")
@@ -94,7 +94,7 @@ def test_bucket_rounds_up_to_powers_of_two():
 def test_round_up_to_block_multiples():
   assert [round_up(n, 64) for n in (0, 1, 64, 65, 270, 512)] == [64, 64, 64, 128, 320, 512]
   assert [round_up(n, 8) for n in (1, 8, 9, 17)] == [8, 8, 16, 24]
-  assert [round_rows(n, 8) for n in (1, 2, 3, 5, 8, 9, 17)] == [1, 2, 4, 8, 8, 16, 24]
+  assert [round_bucket(n, 8) for n in (1, 2, 3, 5, 8, 9, 17)] == [1, 2, 4, 8, 8, 16, 24]
 
 
 def test_prompt_layout_fewest_rows_then_fewest_prefills():
