@@ -77,9 +77,9 @@ def _shared_prompt_hidden(params, config, prompt, prompt_mask, response, num_pro
   """`response_hidden` with each distinct prompt computed once (see there).
 
   Pass 1 runs the `num_prompts` distinct prompts and keeps their per-layer keys/values (a KV
-  cache of Tp slots). Pass 2 runs every row's response[:-1] against its prompt's keys/values,
-  gathered per row, as a read-only prefix (`hidden_states(prefix=...)` with one row per entry;
-  the rows of a prompt are not consecutive in the batch). The state before response token 0 is
+  cache of Tp slots). Pass 2 runs every row's response[:-1] against its prompt's keys/values as
+  a read-only prefix, each row naming its entry (`hidden_states(prefix=..., prefix_rows=slot)`:
+  the rows of a prompt are not consecutive in the batch; each layer gathers its own rows). The state before response token 0 is
   the prompt's last hidden state. Gradients flow back through the gather, so a shared prompt's
   gradient is the sum over its rows, as in the unshared forward."""
   R = response.shape[1]
@@ -95,12 +95,10 @@ def _shared_prompt_hidden(params, config, prompt, prompt_mask, response, num_pro
   first = p_hidden[slot, -1:]  # [n, 1, D]
   if R == 1:
     return first
-  per_row = cache.replace(k=cache.k[:, slot], v=cache.v[:, slot],
-                          mask=p_mask[slot])  # [L, n, Hkv, Tp, Dh]
   positions = jnp.sum(prompt_mask, axis=1, keepdims=True) + jnp.arange(R - 1)  # [n, R - 1]
   hidden, _ = decoder.hidden_states(params, response[:, :-1], positions, config,
-                                    prefix=per_row, adapters=adapters, layer_hook=layer_hook,
-                                    remat=remat)
+                                    prefix=cache, prefix_rows=slot, adapters=adapters,
+                                    layer_hook=layer_hook, remat=remat)
   return jnp.concatenate([first, hidden], axis=1)
 
 

@@ -234,6 +234,7 @@ def hidden_states(
     attn_mask: jax.Array | None = None,  # [B, T] bool; False = padding
     cache: KVCache | None = None,
     prefix: KVCache | None = None,
+    prefix_rows: jax.Array | None = None,  # [B] int32: the prefix entry each row reads
     fill_cache: bool = False,
     adapters: LoraAdapters | None = None,
     layer_hook: LayerHook | None = None,
@@ -244,6 +245,11 @@ def hidden_states(
   prefix: a filled cache of U prompts that the rows continue, read-only, row b reading prompt
   b // (B / U) (the G samples of a prompt in consecutive rows read its keys/values once; `cache`
   then holds only the rows' own slots).
+  prefix_rows: with `prefix`, row b reads entry prefix_rows[b] instead (rows of a prompt that are
+  not consecutive: the learner's batch). Each layer gathers its own [B, Hkv, Tp, Dh] keys/values
+  inside the layer scan, so one layer's gather is live at a time and, under remat, the backward
+  pass gathers again instead of keeping [L, B, ...] copies (gathering the whole [L, U, ...]
+  prefix up front kept ~7 such copies in configs/learning_cpu.py's train step).
   fill_cache: return this call's keys/values as a new cache of exactly T filled slots (a prompt's
   prefill). Prefilling into an empty `init_cache` instead would also score every query against
   the T empty slots: twice the attention work, and inside jit the empty cache is a constant that
@@ -251,6 +257,8 @@ def hidden_states(
   [8, 3, 3, 512, 512] softmax max, 52 s each; 128 s in all vs 23 s with fill_cache)."""
   if fill_cache and cache is not None:
     raise ValueError("fill_cache=True builds a new cache; expected cache=None")
+  if prefix_rows is not None and prefix is None:
+    raise ValueError("prefix_rows picks entries of a prefix; expected prefix= too")
   c = config
   B, T = tokens.shape
   if attn_mask is None:
@@ -259,12 +267,16 @@ def hidden_states(
   inv_freq = rope_inv_freq(c)
   mask = jnp.tril(jnp.ones((T, T), bool))[None] & attn_mask[:, None, :]  # [B, T, T]
   lora_layers = None if adapters is None else adapters.params
+  prefix_mask = None if prefix is None else (
+      prefix.mask if prefix_rows is None else prefix.mask[prefix_rows])  # [U or B, Tp]
 
   def body(x, xs):
     layer_p, layer_lora, kv_in, prefix_in = xs
     if layer_hook is not None:
       layer_p = layer_hook(layer_p)
-    past = () if prefix_in is None else ((*prefix_in, prefix.mask),)
+    if prefix_in is not None and prefix_rows is not None:  # [U, ...] -> [B, ...], this layer's
+      prefix_in = tuple(x[prefix_rows] for x in prefix_in)
+    past = () if prefix_in is None else ((*prefix_in, prefix_mask),)
     if kv_in is not None:
       past += ((*kv_in, cache.mask),)  # slots >= index are all False
     x, kv_new = _layer(c, x, layer_p, layer_lora, adapters, positions, inv_freq, past, mask)

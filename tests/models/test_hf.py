@@ -106,6 +106,14 @@ def test_fill_cache_refuses_a_cache():
                           cache=decoder.init_cache(config, 1, 3))
 
 
+def test_prefix_rows_need_a_prefix():
+  config = PRESETS.get("tiny-llama")
+  tokens = jnp.zeros((1, 3), jnp.int32)
+  with pytest.raises(ValueError, match="prefix_rows picks entries of a prefix; expected prefix="):
+    decoder.hidden_states(random_params(config), tokens, tokens, config,
+                          prefix_rows=jnp.zeros((1,), jnp.int32))
+
+
 @pytest.mark.parametrize("name", TINY)
 def test_load_round_trip_is_bitwise(name, tmp_path):
   config = PRESETS.get(name)
