@@ -182,7 +182,12 @@ class Stacked(_PerPolicyBlocks):
   def token_logprobs(self, cfg, run, policy, frozen, specs, batch):
     unstacked = jax.tree.map(lambda s: jax.sharding.PartitionSpec(*tuple(s)[1:]), specs[0],
                              is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-    return jax.vmap(lambda p, b: run(p, unstacked, cfg.models[0], b, None))(policy, batch)
+    # A loop over the P policies (lax.map), not a vmap: vmapping the layer scan moves the policy
+    # axis inside it, so XLA copied every stacked weight and weight gradient between
+    # [P, L, ...] and [L, P, ...]. The loop reads policy p's slice and writes its gradient in
+    # place, with one policy's activations live at a time.
+    return jax.lax.map(lambda pb: run(pb[0], unstacked, cfg.models[0], pb[1], None),
+                       (policy, batch))
 
   def flatten(self, cfg, tree):
     return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), tree)
