@@ -54,7 +54,8 @@ def _fmt_number(value: fractions.Fraction) -> str:
 
 
 def arithmetic_problem(seed: int) -> dict[str, str]:
-  """A seeded multi-step arithmetic word problem with its exact answer (int or fraction)."""
+  """A seeded multi-step arithmetic word problem with its exact answer (int or fraction) and a
+  one-line worked solution (the supervised warm-start's demonstration, `training/sft.py`)."""
   rng = random.Random(seed)
   name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
   kind = rng.randrange(5)
@@ -64,16 +65,19 @@ def arithmetic_problem(seed: int) -> dict[str, str]:
     q = (f"{name} has {a} {item}. {name} buys {b} packs with {c} {item} in each pack, then gives "
          f"away {d} {item}. How many {item} does {name} have now?")
     ans = fractions.Fraction(a + b * c - d)
+    steps = f"{a} + {b} * {c} - {d} = {a + b * c - d}"
   elif kind == 1:
     a, b, c, d = (rng.randint(3, 40), rng.randint(2, 9), rng.randint(3, 40), rng.randint(2, 9))
     q = (f"{name} reads {a} pages a day for {b} days, then {c} pages a day for {d} days. How "
          f"many pages does {name} read in total?")
     ans = fractions.Fraction(a * b + c * d)
+    steps = f"{a} * {b} + {c} * {d} = {a * b} + {c * d} = {a * b + c * d}"
   elif kind == 2:
     friends, each, extra = rng.randint(2, 9), rng.randint(2, 15), rng.randint(0, 30)
     q = (f"{name} has {friends * each + extra} {item}, keeps {extra} and shares the rest equally "
          f"among {friends} friends. How many {item} does each friend get?")
     ans = fractions.Fraction(each)
+    steps = f"({friends * each + extra} - {extra}) / {friends} = {friends * each} / {friends} = {each}"
   elif kind == 3:
     den = rng.choice((2, 3, 4, 5, 8))
     num = rng.randint(1, den - 1)
@@ -82,10 +86,14 @@ def arithmetic_problem(seed: int) -> dict[str, str]:
     q = (f"{name} has ${money}, spends {num}/{den} of it on {item} and then ${lunch} on lunch. "
          f"How many dollars does {name} have left?")
     ans = fractions.Fraction(money) * (1 - fractions.Fraction(num, den)) - lunch
+    spent = fractions.Fraction(money * num, den)
+    steps = (f"{money} - {num}/{den} * {money} - {lunch} = {money} - {_fmt_number(spent)} - "
+             f"{lunch} = {_fmt_number(ans)}")
   else:
     a, b = rng.randint(2, 30), rng.randint(2, 30)
     parts = rng.randint(2, 12)
     q = (f"{name} mixes {a} liters of juice with {b} liters of water and pours the mix equally "
          f"into {parts} bottles. How many liters are in each bottle?")
     ans = fractions.Fraction(a + b, parts)
-  return {"question": q, "answer": _fmt_number(ans)}
+    steps = f"({a} + {b}) / {parts} = {a + b}/{parts} = {_fmt_number(ans)}"
+  return {"question": q, "answer": _fmt_number(ans), "solution": steps}

@@ -128,9 +128,14 @@ PROFILES = {
 class MathProblem:
   question: str
   answer: str
+  solution: str = ""  # worked steps, when the source has them (generated problems do)
 
   def correct(self, predicted: str | None) -> bool:
     return math_answers.is_equiv(predicted, self.answer)
+
+  def demonstration(self) -> str:
+    """A correct solver reply: the worked steps, then the answer in `\\boxed{}`."""
+    return f"{self.solution}\nThe answer is \\boxed{{{self.answer}}}.".lstrip()
 
 
 def verdict(response: str) -> str | None:
@@ -299,6 +304,16 @@ class DrMASMathEnv(_MathEnv):
     return Observation(agent, self.turn, VERIFIER_SYSTEM,
                        f"{task}\nProposed solution:\n{truncate(self.solution, _MAX_SHOWN)}")
 
+  def demonstration(self, agent: str) -> str | None:
+    """A correct reply of `agent` now (the supervised warm-start's target, `training/sft.py`):
+    the solver the problem's worked solution; the verifier the true verdict on the current
+    answer (approve when it is right)."""
+    if agent not in self.agents:
+      raise ValueError(f"unknown agent {agent!r}; expected one of {self.agents}")
+    if agent == "solver":
+      return self.problem.demonstration()
+    return f"<verify>{'approve' if self.final_correct else 'reject'}</verify>"
+
   def step(self, agent: str, response: str, *, tool_output: str | None = None) -> StepResult:
     del tool_output
     self._begin(agent)
@@ -356,6 +371,12 @@ class LearnedStopMathEnv(DrMASMathEnv):
                        f"{self._task()}\nProposed solution:\n{truncate(self.solution, 1500)}\n"
                        f"Its answer: {self.answer}\nVerifier's review:\n"
                        f"{truncate(self.review, 1500)}\nRounds left after this one: {left}.")
+
+  def demonstration(self, agent: str) -> str | None:
+    """As 'drmas' (solver, verifier); the coordinator stops exactly when the answer is right."""
+    if agent == "coordinator":
+      return f"#### {'stop' if self.final_correct else 'continue'}"
+    return super().demonstration(agent)
 
   def step(self, agent: str, response: str, *, tool_output: str | None = None) -> StepResult:
     if agent == "solver":
@@ -542,6 +563,12 @@ class SingleMathEnv(_MathEnv):
     if agent not in self.agents:
       raise ValueError(f"unknown agent {agent!r}; expected one of {self.agents}")
     return Observation(agent, self.turn, SOLVER_SYSTEM, f"Problem: {self.problem.question}")
+
+  def demonstration(self, agent: str) -> str | None:
+    """The problem's worked solution (the supervised warm-start's target)."""
+    if agent not in self.agents:
+      raise ValueError(f"unknown agent {agent!r}; expected one of {self.agents}")
+    return self.problem.demonstration()
 
   def step(self, agent: str, response: str, *, tool_output: str | None = None) -> StepResult:
     del tool_output

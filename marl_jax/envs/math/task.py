@@ -51,7 +51,7 @@ def load_problem(problem: dict[str, Any] | None = None, *, path: str | None = No
   if not isinstance(problem.get("question"), str) or problem.get("answer") is None:
     raise ValueError(f"a math problem needs 'question' (str) and 'answer'; got keys "
                      f"{sorted(problem)}")
-  return MathProblem(problem["question"], str(problem["answer"]))
+  return MathProblem(problem["question"], str(problem["answer"]), problem.get("solution", ""))
 
 
 def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,

@@ -103,6 +103,45 @@ def test_arithmetic_generator_is_seeded_and_exact():
   assert math_data.arithmetic_problem(1) != math_data.arithmetic_problem(2)
 
 
+def test_generated_solutions_compute_the_answer():
+  """Each worked solution's first expression, evaluated exactly, and its last value are the
+  answer (the warm-start teaches these lines)."""
+  for seed in range(300):
+    problem = math_data.arithmetic_problem(seed)
+    parts = [p.strip() for p in problem["solution"].split("=")]
+    exact = eval(re.sub(r"\d+", lambda m: f"fractions.Fraction({m.group()})", parts[0]))
+    assert exact == fractions.Fraction(problem["answer"]), (seed, problem["solution"])
+    assert parts[-1] == problem["answer"]
+
+
+@pytest.mark.parametrize("workflow", ["drmas", "learned_stop", "single"])
+def test_demonstrations_solve_with_valid_formats(workflow):
+  """Replying with every agent's demonstration solves each problem with no format penalty; the
+  verifier's and coordinator's demonstrations judge the current answer (reject / continue while
+  it is wrong)."""
+  for seed in range(20):
+    env = registry.make_env("math", workflow=workflow, seed=seed)
+    answer = math_data.arithmetic_problem(seed)["answer"]
+    if workflow != "single":
+      assert env.demonstration("verifier") == "<verify>reject</verify>"  # no answer yet
+      env.step("solver", "I think it is \\boxed{-1}.")  # wrong: answers are >= 0
+      assert env.demonstration("verifier") == "<verify>reject</verify>"
+      if workflow == "learned_stop":
+        assert env.demonstration("coordinator") == "#### continue"
+      env = registry.make_env("math", workflow=workflow, seed=seed)
+    rewards = []
+    while not env.done:
+      for agent in env.agents:
+        if env.done:
+          break
+        reply = env.demonstration(agent)
+        rewards.append(env.step(agent, reply).rewards)
+    assert env.solved and all(v >= 0 for r in rewards for v in r.values()), (seed, rewards)
+    assert env.problem.demonstration().endswith(f"\\boxed{{{answer}}}.")
+  with pytest.raises(ValueError, match="unknown agent 'critic'"):
+    registry.make_env("math", workflow="drmas", seed=0).demonstration("critic")
+
+
 def test_loaders(tmp_path):
   gsm = tmp_path / "gsm8k.jsonl"
   gsm.write_text(json.dumps({"question": "q1", "answer": "work\n#### 1,234"}) + "\n")
