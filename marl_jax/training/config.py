@@ -105,6 +105,8 @@ def base_config() -> ml_collections.ConfigDict:
   # the learner's forwards (the [B, R, V] logits never exist whole), None = whole.
   # share_prompts: the learner computes each distinct prompt of a batch once and its keys/values
   # serve every sample that shares it (a group's G samples), forward and backward.
+  # agent_grad_norms: log `agent/grad_norm/<agent>`, the norm of the gradient of each agent's own
+  # loss share (Dr. MAS's instability signal; one extra backward pass per agent).
   c.train = ml_collections.ConfigDict(dict(steps=200, micro_batches=1, remat=False,
                                            logits_chunk=config_dict.placeholder(int),
                                            share_prompts=False,
@@ -113,7 +115,8 @@ def base_config() -> ml_collections.ConfigDict:
                                            mini_batch_size=config_dict.placeholder(int),
                                            epochs=1, recompute_old_logp=False,
                                            tis_cap=config_dict.placeholder(float),
-                                           learner_temperature=config_dict.placeholder(float)))
+                                           learner_temperature=config_dict.placeholder(float),
+                                           agent_grad_norms=False))
   # eval.top_p: nucleus of evaluation sampling; None = sampling.top_p. eval.env_kwargs: env
   # kwargs of evaluation only, set over env.kwargs (a test split: `--config.eval.env_kwargs.path=
   # test.jsonl`; configs declare the fields with `configs.common.data_fields`). Evaluation problem
@@ -373,7 +376,7 @@ def _check_updates(c: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.loss.policy_loss='reinforce' is on-policy (one update per "
                      f"rollout); got config.train.epochs={t.epochs}, mini_batch_size={size}, "
                      "expected 1 and None")
-  for name in ("recompute_old_logp", "share_prompts"):
+  for name in ("recompute_old_logp", "share_prompts", "agent_grad_norms"):
     if not isinstance(t[name], bool):
       raise ValueError(f"config.train.{name}={t[name]!r}; expected a bool")
   if t.tis_cap is not None and (not t.tis_cap > 0 or not t.recompute_old_logp):

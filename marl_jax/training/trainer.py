@@ -101,7 +101,8 @@ def train_config(c: ml_collections.ConfigDict, built: config_lib.Built,
       temperature=config_lib.learner_temperature(c), micro_batches=c.train.micro_batches,
       remat=c.train.remat, logits_chunk=c.train.logits_chunk, target_kl=c.train.target_kl,
       mini_batch_size=c.train.mini_batch_size, epochs=c.train.epochs,
-      recompute_old_logp=c.train.recompute_old_logp, tis_cap=c.train.tis_cap)
+      recompute_old_logp=c.train.recompute_old_logp, tis_cap=c.train.tis_cap,
+      agent_grad_norms=c.train.agent_grad_norms)
 
 
 def team_names(c: ml_collections.ConfigDict, spec: WorkflowSpec

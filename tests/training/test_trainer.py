@@ -113,6 +113,20 @@ def test_bad_config_fails_before_compute(model_dir, field, value, message):
     config_lib.build(c)
 
 
+def test_agent_grad_norms_are_logged(model_dir, tmp_path):
+  """train.agent_grad_norms logs `agent/grad_norm/<agent>`. The toy team is one agent whose
+  loss share, normalised by its own tokens, is the whole loss (no entropy or KL term), so its
+  gradient norm is the step's pre-clip norm; without the option nothing is logged."""
+  c = toy_task.toy_config(model_dir, steps=1)
+  c.train.agent_grad_norms = True
+  trainer.train(c, str(tmp_path / "on"))
+  (row,) = read_metrics(tmp_path / "on")
+  assert row["train/grad_norm"] > 0
+  np.testing.assert_allclose(row["agent/grad_norm/writer"], row["train/grad_norm"], rtol=1e-5)
+  trainer.train(toy_task.toy_config(model_dir, steps=1), str(tmp_path / "off"))
+  assert not any(k.startswith("agent/grad_norm") for k in read_metrics(tmp_path / "off")[0])
+
+
 def test_cli_reports_config_errors_in_one_line(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.train", "--config=configs/atgrpo_plan_path.py:cpu",
