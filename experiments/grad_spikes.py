@@ -8,7 +8,8 @@ norm of the gradient of that agent's own loss share. A step whose norm is 0 made
 the agent (every advantage of its samples was 0) and is left out. A spike is an update whose
 norm exceeds `--ratio` times the median of the agent's nonzero norms in the same run: the paper
 reports spikes without a threshold, so the threshold is this tool's, relative to the run's own
-scale. Also per run: the mean rollout reward per agent and the last `eval/accuracy`. Runs are
+scale. Also per run: the mean rollout reward per agent (`rollout/reward/<agent>`, its own
+reward channel), the mean `rollout/success` and the last `eval/accuracy`. Runs are
 grouped by their config name (one group per estimator when the seeds of two configs are given);
 each group reports mean +- standard error over its runs.
 """
@@ -24,7 +25,7 @@ from typing import Any
 from absl import flags
 
 from experiments import cli
-from experiments.reproduce import mean_se
+from experiments.stats import mean_se
 from marl_jax.errors import UserInputError
 from marl_jax.training.metrics import read_metrics
 
@@ -57,6 +58,8 @@ def run_spikes(workdir: str, ratio: float) -> dict[str, Any]:
         "reward": sum(rewards) / len(rewards) if rewards else None}
   accuracy = [r["eval/accuracy"] for r in records if "eval/accuracy" in r]
   out["eval_accuracy"] = accuracy[-1] if accuracy else None
+  success = [r["rollout/success"] for r in records if "rollout/success" in r]
+  out["rollout_success"] = sum(success) / len(success) if success else None
   return out
 
 
@@ -71,8 +74,9 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
       for key in ("spikes", "updates", "reward"):
         values = [s[key] for s in stats if s[key] is not None]
         group[f"{agent}/{key}"] = mean_se(values) if values else None
-    accuracy = [r["eval_accuracy"] for r in mine if r["eval_accuracy"] is not None]
-    group["eval_accuracy"] = mean_se(accuracy) if accuracy else None
+    for key in ("eval_accuracy", "rollout_success"):
+      values = [r[key] for r in mine if r[key] is not None]
+      group[key] = mean_se(values) if values else None
     groups[name] = group
   return groups
 

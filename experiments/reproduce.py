@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import math
 import os
 import shlex
 
 from absl import flags
 
 from experiments import cli
+from experiments.stats import mean_se
 from marl_jax.errors import UserInputError
 from marl_jax.training import eval_results
 
@@ -221,16 +221,6 @@ def cell_value(column: Column, result: dict | None) -> float | None:
     raise UserInputError(f"evaluation {result.get('config')!r} has no {key!r}; it has "
                          f"{sorted(k for k in result if '/' in k)}")
   return result[key] * (100.0 if column.percent else 1.0)
-
-
-def mean_se(values: list[float]) -> tuple[float, float | None]:
-  """Mean and standard error (unbiased std / sqrt(n); None for one value)."""
-  n = len(values)
-  mean = sum(values) / n
-  if n < 2:
-    return mean, None
-  var = sum((v - mean) ** 2 for v in values) / (n - 1)
-  return mean, math.sqrt(var / n)
 
 
 def commands(table: str, column: Column, row: str, seed: int, root: str, model: str | None,

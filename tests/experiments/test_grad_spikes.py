@@ -17,7 +17,7 @@ def write_run(path, name, solver_norms, verifier_norms, rewards, accuracies):
   rows = []
   for step, (s, v, r) in enumerate(zip(solver_norms, verifier_norms, rewards), start=1):
     rows.append({"step": step, "agent/grad_norm/solver": s, "agent/grad_norm/verifier": v,
-                 "rollout/reward/solver": r})
+                 "rollout/reward/solver": r, "rollout/success": float(step % 2)})
   for step, acc in accuracies:
     rows[step - 1]["eval/accuracy"] = acc
   (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -31,6 +31,7 @@ def test_spikes_and_group_means(tmp_path):
                 [-0.1, 0, 0.5, 0.5, 0], [(2, 0.125), (5, 0.25)])
   run = grad_spikes.run_spikes(a, 3.0)
   assert run["config"] == "drmas" and run["eval_accuracy"] == 0.25
+  assert run["rollout_success"] == pytest.approx(0.6)  # steps 1, 3, 5 of 5 succeed
   assert run["agents"]["solver"] == {"steps": 5, "updates": 4, "median": 1.75, "max": 10.0,
                                      "spikes": 1, "reward": pytest.approx(0.18)}
   assert run["agents"]["verifier"]["spikes"] == 0 and run["agents"]["verifier"]["median"] == 0.5

@@ -26,13 +26,6 @@ def _write_eval(root, table, config, row, seed, values, split=None):
                                               for k, v in values.items()}})
 
 
-def test_mean_and_standard_error():
-  mean, se = reproduce.mean_se([0.5, 0.75, 1.0])
-  assert mean == pytest.approx(0.75)
-  assert se == pytest.approx(math.sqrt(0.0625 / 3))  # unbiased variance 0.0625, n = 3
-  assert reproduce.mean_se([2.0]) == (2.0, None)
-
-
 @pytest.mark.parametrize("table", sorted(reproduce.TABLES))
 def test_paper_scale_prints_every_cells_commands(table, tmp_path):
   """Nothing runs at paper scale: each missing cell's train (RL rows) and evaluate commands are
