@@ -79,9 +79,10 @@ def _shared_prompt_hidden(params, config, prompt, prompt_mask, response, num_pro
   Pass 1 runs the `num_prompts` distinct prompts and keeps their per-layer keys/values (a KV
   cache of Tp slots). Pass 2 runs every row's response[:-1] against its prompt's keys/values as
   a read-only prefix, each row naming its entry (`hidden_states(prefix=..., prefix_rows=slot)`:
-  the rows of a prompt are not consecutive in the batch; each layer gathers its own rows). The state before response token 0 is
-  the prompt's last hidden state. Gradients flow back through the gather, so a shared prompt's
-  gradient is the sum over its rows, as in the unshared forward."""
+  the rows of a prompt are not consecutive in the batch; each layer gathers its own rows). The
+  state before response token 0 is the prompt's last hidden state. Gradients flow back through
+  the gather, so a shared prompt's gradient is the sum over its rows, as in the unshared
+  forward."""
   R = response.shape[1]
   rows, slot = distinct_prompts(prompt, prompt_mask,
                                 None if adapters is None else adapters.policy_ids, num_prompts)

@@ -275,7 +275,7 @@ def hidden_states(
     if layer_hook is not None:
       layer_p = layer_hook(layer_p)
     if prefix_in is not None and prefix_rows is not None:  # [U, ...] -> [B, ...], this layer's
-      prefix_in = tuple(x[prefix_rows] for x in prefix_in)
+      prefix_in = tuple(kv[prefix_rows] for kv in prefix_in)
     past = () if prefix_in is None else ((*prefix_in, prefix_mask),)
     if kv_in is not None:
       past += ((*kv_in, cache.mask),)  # slots >= index are all False

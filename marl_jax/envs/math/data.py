@@ -77,7 +77,8 @@ def arithmetic_problem(seed: int) -> dict[str, str]:
     q = (f"{name} has {friends * each + extra} {item}, keeps {extra} and shares the rest equally "
          f"among {friends} friends. How many {item} does each friend get?")
     ans = fractions.Fraction(each)
-    steps = f"({friends * each + extra} - {extra}) / {friends} = {friends * each} / {friends} = {each}"
+    steps = (f"({friends * each + extra} - {extra}) / {friends} = {friends * each} / {friends} = "
+             f"{each}")
   elif kind == 3:
     den = rng.choice((2, 3, 4, 5, 8))
     num = rng.randint(1, den - 1)
