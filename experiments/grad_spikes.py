@@ -3,7 +3,7 @@ r"""Per-agent gradient-norm spikes of finished runs (Dr. MAS's instability signa
     python -m experiments.grad_spikes RUN_DIR [RUN_DIR ...] [--ratio=3]
 
 Reads each run's `metrics.jsonl` (runs logged with `config.train.agent_grad_norms=True`) and its
-`config.json`. For each agent: `agent/grad_norm/<agent>` over the training steps, the pre-clip
+`hparams.json` (the config the writer recorded beside it, for the run's name). For each agent: `agent/grad_norm/<agent>` over the training steps, the pre-clip
 norm of the gradient of that agent's own loss share. A step whose norm is 0 made no update for
 the agent (every advantage of its samples was 0) and is left out. A spike is an update whose
 norm exceeds `--ratio` times the median of the agent's nonzero norms in the same run: the paper
@@ -27,7 +27,7 @@ from absl import flags
 from experiments import cli
 from experiments.stats import mean_se
 from marl_jax.errors import UserInputError
-from marl_jax.training.metrics import read_metrics
+from marl_jax.training.metrics import HPARAMS_FILE, METRICS_FILE, read_metrics
 
 _RATIO = flags.DEFINE_float("ratio", 3.0, "A spike: a norm above ratio x the run's median.")
 _PREFIX = "agent/grad_norm/"
@@ -35,10 +35,10 @@ _PREFIX = "agent/grad_norm/"
 
 def run_spikes(workdir: str, ratio: float) -> dict[str, Any]:
   """One run's per-agent norms, spike counts, rewards and final accuracy."""
-  for file in ("metrics.jsonl", "config.json"):
+  for file in (METRICS_FILE, HPARAMS_FILE):
     if not os.path.isfile(os.path.join(workdir, file)):
       raise UserInputError(f"{workdir!r} has no {file}; expected a training run's workdir")
-  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+  with open(os.path.join(workdir, HPARAMS_FILE), encoding="utf-8") as f:
     name = json.load(f)["name"]
   records = read_metrics(workdir)
   agents = sorted({k[len(_PREFIX):] for r in records for k in r if k.startswith(_PREFIX)})

@@ -13,7 +13,7 @@ from marl_jax.errors import UserInputError
 
 def write_run(path, name, solver_norms, verifier_norms, rewards, accuracies):
   path.mkdir()
-  (path / "config.json").write_text(json.dumps({"name": name}))
+  (path / "hparams.json").write_text(json.dumps({"name": name}))
   rows = []
   for step, (s, v, r) in enumerate(zip(solver_norms, verifier_norms, rewards), start=1):
     rows.append({"step": step, "agent/grad_norm/solver": s, "agent/grad_norm/verifier": v,
@@ -47,7 +47,7 @@ def test_spikes_and_group_means(tmp_path):
 
 def test_refuses_runs_without_norms(tmp_path):
   (tmp_path / "plain").mkdir()
-  (tmp_path / "plain" / "config.json").write_text(json.dumps({"name": "x"}))
+  (tmp_path / "plain" / "hparams.json").write_text(json.dumps({"name": "x"}))
   (tmp_path / "plain" / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n")
   with pytest.raises(UserInputError, match="logged no agent/grad_norm/<agent>"):
     grad_spikes.run_spikes(str(tmp_path / "plain"), 3.0)

@@ -221,9 +221,12 @@ class _MathEnv:
   def clone(self) -> Any:
     return copy.copy(self)
 
-  def _begin(self, agent: str) -> None:
+  def _check_agent(self, agent: str) -> None:
     if agent not in self.agents:
       raise ValueError(f"unknown agent {agent!r}; expected one of {self.agents}")
+
+  def _begin(self, agent: str) -> None:
+    self._check_agent(agent)
     if self.done:
       raise ValueError(f"step({agent!r}) on a finished episode (turn {self.turn})")
 
@@ -243,8 +246,7 @@ class ATGRPOMathEnv(_MathEnv):
     self.reasoner_answer: str | None = None
 
   def observe(self, agent: str) -> Observation:
-    if agent not in self.agents:
-      raise ValueError(f"unknown agent {agent!r}; expected one of {self.agents}")
+    self._check_agent(agent)
     task = self._task()
     if self.turn > 0:
       task += (f"\nLast turn the program answered {self.tool_answer!r} and the reasoner answered "
@@ -293,8 +295,7 @@ class DrMASMathEnv(_MathEnv):
     self.rejected: tuple[str, ...] = ()  # verifier replies of earlier loops
 
   def observe(self, agent: str) -> Observation:
-    if agent not in self.agents:
-      raise ValueError(f"unknown agent {agent!r}; expected one of {self.agents}")
+    self._check_agent(agent)
     task = self._task()
     if agent == "solver":
       if self.rejected:
@@ -308,8 +309,7 @@ class DrMASMathEnv(_MathEnv):
     """A correct reply of `agent` now (the supervised warm-start's target, `training/sft.py`):
     the solver the problem's worked solution; the verifier the true verdict on the current
     answer (approve when it is right)."""
-    if agent not in self.agents:
-      raise ValueError(f"unknown agent {agent!r}; expected one of {self.agents}")
+    self._check_agent(agent)
     if agent == "solver":
       return self.problem.demonstration()
     return f"<verify>{'approve' if self.final_correct else 'reject'}</verify>"
@@ -439,8 +439,7 @@ class SpawnMathEnv(_MathEnv):
     return SOLVER_SYSTEM
 
   def observe(self, agent: str) -> Observation:
-    if agent not in self.agents:
-      raise ValueError(f"unknown agent {agent!r}; expected one of {self.agents}")
+    self._check_agent(agent)
     task = f"Problem: {self.problem.question}"
     if agent == "dispatcher":
       return Observation(agent, self.turn, self.dispatcher_system, task)
@@ -526,8 +525,7 @@ class MARFTMathEnv(_MathEnv):
     self.current: tuple[tuple[str, str], ...] = ()  # (role, output) of this step so far
 
   def observe(self, agent: str) -> Observation:
-    if agent not in self.agents:
-      raise ValueError(f"unknown agent {agent!r}; expected one of {self.agents}")
+    self._check_agent(agent)
     lines = [self._task()]
     if self.transcript:
       lines.append("Previous attempts:\n" + truncate("\n".join(self.transcript), _MAX_SHOWN))
@@ -560,14 +558,12 @@ class SingleMathEnv(_MathEnv):
     super().__init__(problem, 1)
 
   def observe(self, agent: str) -> Observation:
-    if agent not in self.agents:
-      raise ValueError(f"unknown agent {agent!r}; expected one of {self.agents}")
+    self._check_agent(agent)
     return Observation(agent, self.turn, SOLVER_SYSTEM, f"Problem: {self.problem.question}")
 
   def demonstration(self, agent: str) -> str | None:
     """The problem's worked solution (the supervised warm-start's target)."""
-    if agent not in self.agents:
-      raise ValueError(f"unknown agent {agent!r}; expected one of {self.agents}")
+    self._check_agent(agent)
     return self.problem.demonstration()
 
   def step(self, agent: str, response: str, *, tool_output: str | None = None) -> StepResult:
