@@ -14,9 +14,10 @@ pair, `node_id`, and its parent follows `parent_node`), so the estimators' stati
 with `group_ids` and mix rewards with `mixed_reward`.
 
 Host side (NumPy): `build_rows` pads samples into one flat block; shapes are bucketed so a run
-compiles a handful of train steps, not one per batch: rows round up to powers of two, prompt and
-response widths to multiples of `BatchShape.width_block` (powers of two below it): a 301-token
-game prompt pads to 320, not 512. The price: prompts of up to P tokens can take ceil(P / 64)
+compiles a handful of train steps, not one per batch: rows round up with `round_rows` (multiples
+of `ROW_BLOCK`, powers of two below it; 40 samples take 40 rows, not 64), prompt and
+response widths to multiples of `BatchShape.width_block`: a 301-token game prompt pads to 320, not
+512. The price: prompts of up to P tokens can take ceil(P / 64)
 widths instead of log2(P) ones, so a run whose prompt lengths wander compiles more step shapes.
 Padding rows carry `sample_mask=False` and an all-False token mask: they never enter a statistic
 or a loss (the Dr. MAS public code padded with duplicated samples *before* computing advantages;
@@ -35,7 +36,9 @@ import jax
 import numpy as np
 
 from marl_jax.algos.segments import in_range
-from marl_jax.sampling.sampler import bucket, round_bucket
+from marl_jax.sampling.sampler import bucket, round_bucket, round_up
+
+ROW_BLOCK = 8  # row counts: powers of two below it, then its multiples (`round_rows`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,8 +310,15 @@ class BatchShape:
                                               self.width_block))
     resp = max(self.min_response,
                round_bucket(max(len(s.generation.token_ids) for s in samples), self.width_block))
-    rows = bucket(max(block_rows, 1), self.min_rows)
-    return -(-rows // self.multiple) * self.multiple, width, resp
+    return round_rows(block_rows, self.multiple, self.min_rows), width, resp
+
+
+def round_rows(n: int, multiple: int = 1, minimum: int = 1) -> int:
+  """The rows that hold `n` samples: at least `minimum`, bucketed by `round_bucket` with
+  `ROW_BLOCK` (padding under 8 rows, few shapes) and a multiple of `multiple` (the devices x
+  micro-batches the rows split over). A batch's blocks (`BatchShape.sizes`) and the PPO
+  mini-batches that hold fewer kept samples than `mini_batch_size` (`parallel/minibatch.py`)."""
+  return round_up(max(minimum, round_bucket(n, ROW_BLOCK)), multiple)
 
 
 def count_prompts(samples: Sequence[RolloutSample], rows: int) -> int:

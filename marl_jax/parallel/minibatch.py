@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from marl_jax.algos.batch import round_rows
 from marl_jax.parallel import layouts
 from marl_jax.parallel.gradients import RolloutTargets
 from marl_jax.parallel.train_step import TrainConfig, TrainFns, TrainState
@@ -54,14 +55,21 @@ def _join(cfg: TrainConfig, parts: list[Any]) -> Any:
   return parts[0]
 
 
-def plan(kept: list[np.ndarray], size: int, rng: np.random.Generator
+def plan(kept: list[np.ndarray], size: int, rng: np.random.Generator, multiple: int = 1
          ) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
-  """One epoch's mini-batches: for each, (row indices [size] per block, valid [size] per block).
+  """One epoch's mini-batches: for each, (row indices [m] per block, valid [m] per block).
 
   `kept`: bool [rows] per block, the samples to train on. Each block's kept rows are shuffled
   and cut into chunks of `size`; there are as many mini-batches as the fullest block needs, and
-  slots past a block's rows point at row 0 with valid=False."""
+  slots past a block's rows point at row 0 with valid=False. m = `size`, or fewer when the
+  fullest block keeps fewer samples than that: `batch.round_rows` of its count, a multiple of
+  `multiple` (the pieces the rows split over). The same updates on the same samples, without
+  rows that are all padding: the AT-GRPO cpu preset keeps 4 of its 8 samples after the group
+  filter, and its 16-row mini-batch computed 12 padding rows."""
   perms = [rng.permutation(np.flatnonzero(k)) for k in kept]
+  fullest = max(len(p) for p in perms)
+  if fullest < size:
+    size = min(size, round_rows(fullest, multiple))
   count = max(1, max(-(-len(p) // size) for p in perms))
   out = []
   for u in range(count):
@@ -135,7 +143,7 @@ def ppo_updates(fns: TrainFns, cfg: TrainConfig, state: TrainState, frozen: Any,
       state, metrics = fns.step(state, frozen, batch, targets)
       history.append(metrics)
       continue
-    for idx, valid in plan(kept, cfg.mini_batch_size, rng):
+    for idx, valid in plan(kept, cfg.mini_batch_size, rng, fns.shards):
       mb, mt = fns.shard_batch(_select_rows_jit(cfg, batch, targets, idx, valid))
       state, metrics = fns.step(state, frozen, mb, mt)
       history.append(metrics)

@@ -181,6 +181,9 @@ class TrainFns(NamedTuple):
   # trainable -> the frozen KL reference: a copy of trainable['policy'] in new buffers (full
   # models), None for LoRA (the base without adapters is the reference).
   reference_params: Callable[[Any], Any] | None = None
+  # The pieces a batch's rows split into (data x fsdp devices x micro-batches): a block's rows
+  # must be a multiple of it.
+  shards: int = 1
 
 
 def guarded_update(cfg: TrainConfig, tx: optax.GradientTransformation,
@@ -414,4 +417,5 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
       prepare=_checked(check, prepare),
       ref_logp=(_checked(check, lambda ref, frozen, batch: ref_logp({"policy": ref}, frozen, batch))
                 if kl else None),
-      reference_params=_reference_copy(layouts.of(pcfg).adapters) if kl else None)
+      reference_params=_reference_copy(layouts.of(pcfg).adapters) if kl else None,
+      shards=shards)

@@ -87,8 +87,14 @@ def test_sizes_bucket_and_round_to_the_multiple():
   samples = [sample(0, 0, 0, 0, [1] * 40, [2] * 17), sample(0, 1, 0, 1, [1] * 5, [2])]
   shape = BatchShape(num_problems=1, trajs_per_problem=2, max_turns=1, num_agents=2,
                      multiple=6)
-  # Rows: 9 -> power of two 16 -> multiple of 6: 18. Prompt 40 -> 64; response 17 -> 32.
+  # Rows: 9 -> 16 (a multiple of row_block 8) -> multiple of 6: 18. Prompt 40 -> 64; response
+  # 17 -> 32.
   assert shape.sizes(samples, block_rows=9) == (18, 64, 32)
+  # Rows round to multiples of 8, not to powers of two: 20 -> 24 (not 32), 40 -> 40 (not 64);
+  # powers of two below 8 (3 -> 4, then the minimum of 8 rows).
+  one = BatchShape(1, 2, 1, 2)
+  assert [one.sizes(samples, block_rows=n)[0] for n in (3, 20, 40, 65)] == [8, 24, 40, 72]
+  assert BatchShape(1, 2, 1, 2, min_rows=1).sizes(samples, block_rows=3)[0] == 4
   # Widths above width_block = 64 round to its multiples, not to powers of two: a 301-token
   # prompt to 320 (not 512), a 130-token response to 192 (not 256); 64 stays 64.
   long = [sample(0, 0, 0, 0, [1] * 301, [2] * 130), sample(0, 1, 0, 1, [1] * 64, [2] * 64)]

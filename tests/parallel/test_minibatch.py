@@ -151,6 +151,42 @@ def test_plan_covers_every_kept_row_once_per_epoch():
   assert [v[1].sum() for _, v in mbs] == [2, 0]  # block 1's second mini-batch is all padding
 
 
+def test_plan_trims_mini_batches_to_the_kept_rows():
+  """A mini-batch holds `size` rows, or fewer when the fullest block keeps fewer samples:
+  round_rows of its count (powers of two below 8, then multiples of 8), a multiple of the
+  pieces; the same rows either way."""
+  kept = [np.array([1, 0, 1, 1, 0, 0, 0, 0], bool), np.array([0, 1, 0, 0, 0, 0, 0, 0], bool)]
+  for multiple, rows in ((1, 4), (2, 4), (8, 8)):
+    (idx, valid), = minibatch.plan(kept, 16, np.random.default_rng(0), multiple)
+    assert [len(i) for i in idx] == [rows, rows] and [v.sum() for v in valid] == [3, 1]
+    np.testing.assert_array_equal(np.sort(idx[0][valid[0]]), [0, 2, 3])
+  five = [np.arange(10) < 5]
+  assert [len(i[0]) for i, _ in minibatch.plan(five, 16, np.random.default_rng(0))] == [8]
+  assert [len(i[0]) for i, _ in minibatch.plan(five, 4, np.random.default_rng(0))] == [4, 4]
+
+
+def test_one_update_over_fewer_kept_samples_than_the_mini_batch():
+  """mini_batch_size 32 over a 16-sample rollout: one update on a 16-row mini-batch (not 32
+  rows, 16 of them padding) whose loss is NumPy's PPO loss of the whole rollout."""
+  cfg, fns = build(mini_batch_size=32)
+  trainable, frozen = init_params(cfg.policy, jax.random.key(0))
+  b = make_batch_at(trainable["policy"])
+  state, frozen_s, batch = start(fns, trainable, frozen, b)
+  rows = []
+
+  def step(state, frozen, mb, mt):
+    rows.append(mb.prompt.shape[0])
+    return fns.step(state, frozen, mb, mt)
+
+  _, out = minibatch.ppo_updates(fns._replace(step=step), cfg, state, frozen_s, batch,
+                                 np.random.default_rng(0))
+  assert rows == [N] and out["updates"] == 1
+  loss, ratio, _ = ppo_terms(ref_logp(trainable["policy"], b), b.old_logp, grpo_advantages(b),
+                             b.samples.token_mask)
+  np.testing.assert_allclose(out["loss"], loss, rtol=2e-4, atol=1e-6)
+  np.testing.assert_allclose(out["ratio"], ratio, rtol=1e-5)
+
+
 def test_two_mini_batches_two_epochs_ppo_against_numpy():
   """2 mini-batches x 2 epochs, shuffled: advantages of the whole rollout, old log-probs of the
   rollout; from the second update on the ratio is not 1 and each update's loss, ratio and clip
