@@ -130,9 +130,10 @@ def base_config() -> ml_collections.ConfigDict:
   # demonstrations of `problems_per_step` problems of seeds seed_offset + ... (disjoint from
   # training's and evaluation's, one set per run seed), AdamW from `lr` decaying linearly to 0
   # (config.optim's other settings), then a fresh optimizer state for RL. Needs an env whose
-  # agents have demonstrations.
+  # agents have demonstrations. mistake_rate: the fraction of demonstration episodes that open
+  # with the env's mistake (never trained on) and recover from it (needs env.mistake).
   c.sft = ml_collections.ConfigDict(dict(steps=0, problems_per_step=8, lr=1e-5,
-                                         seed_offset=2_000_000))
+                                         seed_offset=2_000_000, mistake_rate=0.0))
   c.checkpoint = checkpoint.default_config()  # every_steps, max_to_keep, async_save
   c.logging = metrics.default_config()  # wandb mode/project, jsonl, console
   c.logging.progress = True
@@ -277,6 +278,12 @@ def _check_sft(c: ml_collections.ConfigDict) -> None:
   lr = c.sft.lr
   if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
     raise ValueError(f"config.sft.lr={lr!r}; expected a finite number > 0")
+  rate = c.sft.mistake_rate
+  if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
+    raise ValueError(f"config.sft.mistake_rate={rate!r}; expected a number in [0, 1]")
+  if rate and not c.sft.steps:
+    raise ValueError(f"config.sft.mistake_rate={rate} without a warm-start (config.sft.steps=0); "
+                     "expected sft.steps > 0 or mistake_rate 0")
   if c.sft.steps and c.policy.critic is not None:
     raise ValueError(f"config.sft.steps={c.sft.steps} with config.policy.critic set: the "
                      "warm-start has no target for MARFT's value head; expected sft.steps=0")

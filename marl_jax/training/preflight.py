@@ -42,7 +42,7 @@ def check(c: ml_collections.ConfigDict, workdir: str) -> config_lib.Built:
                          f"the episode they led to, which config.rollout.mode="
                          f"{c.rollout.mode!r} cannot carry; set config.rollout.mode='independent'")
   if c.sft.steps:  # the warm-start's demonstrations come from the training problems' envs
-    sft.check_env(env, built.spec.agents, c.env.name)
+    sft.check_env(env, built.spec.agents, c.env.name, c.sft.mistake_rate)
   return built
 
 

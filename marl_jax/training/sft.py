@@ -9,6 +9,12 @@ signal to start from. The warm-start first teaches each role its part of the tea
    oracle's moves). They run through the same rollout engine as RL, so each reply is trained in
    exactly the prompt RL samples it in, and tool programs run in the sandbox. Only the samples of
    solved episodes are kept (rejection sampling: a demonstration that fails teaches nothing right).
+   With `config.sft.mistake_rate` p, a fraction p of the episodes (picked by the CRC-32 of the
+   first prompt) instead opens with a mistake, the env's `mistake(agent)` (math: the solver's
+   worked steps with a wrong result), and recovers from it: the verifier's demonstration rejects
+   it, a coordinator's asks for another round, the solver then demonstrates the right answer.
+   The mistake is never trained on (its sample has no tokens); without it every demonstrated
+   verdict is "approve" and every decision "stop", and a warm-started verifier approves all.
 2. `config.sft.steps` updates minimise the negative log-likelihood of the kept replies (their
    end-of-reply token included), token mean, through the same sharded train step as RL
    (`policy_loss="nll"`) with AdamW from `config.sft.lr` decaying linearly to 0. RL then starts
@@ -24,6 +30,7 @@ checkpoint redoes it exactly.
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -69,23 +76,34 @@ def train_config(rl: TrainConfig, optim: OptimConfig, lr: float, steps: int, spa
       recompute_old_logp=False, tis_cap=None)
 
 
-def check_env(env: Any, agents: Sequence[str], env_name: str) -> None:
-  """Raises UserInputError unless `env` (a fresh problem) demonstrates a reply for every agent."""
+def check_env(env: Any, agents: Sequence[str], env_name: str, mistake_rate: float = 0.0
+              ) -> None:
+  """Raises UserInputError unless `env` (a fresh problem) demonstrates a reply for every agent
+  and, with `mistake_rate` > 0, has a mistake for one of them."""
   demonstrate = getattr(env, "demonstration", None)
   missing = [a for a in agents if demonstrate is None or demonstrate(a) is None]
   if missing:
     raise UserInputError(f"config.sft.steps > 0 needs demonstrations, but env {env_name!r} has "
                          f"none for agents {missing}; expected sft.steps=0 for this env")
+  mistake = getattr(env, "mistake", None)
+  if mistake_rate and (mistake is None or all(mistake(a) is None for a in agents)):
+    raise UserInputError(f"config.sft.mistake_rate={mistake_rate} needs an env with mistakes to "
+                         f"recover from, but env {env_name!r} has none for agents {list(agents)}; "
+                         "expected sft.mistake_rate=0 for this env")
 
 
 class Demonstrator:
   """A scripted policy replying with each request's env demonstration, tokenised as the sampler
   would have produced it: the chat-templated prompt, then the reply and its end-of-reply token.
-  A state with no demonstration gets an empty reply (its episode fails and is dropped)."""
+  A state with no demonstration gets an empty reply (its episode fails and is dropped). With
+  `mistake_rate` > 0 the first-round requests of the picked episodes get the env's mistake, as
+  text only: no tokens, so it is never trained on (module docstring)."""
 
-  def __init__(self, policy: PolicyConfig, tokenizers: Sequence[Tokenizer]):
+  def __init__(self, policy: PolicyConfig, tokenizers: Sequence[Tokenizer],
+               mistake_rate: float = 0.0):
     self.per_policy = layouts.of(policy).per_policy_models
     self.tokenizers = list(tokenizers)
+    self.mistake_rate = mistake_rate
 
   def generate(self, requests: Sequence[Request], policy_id: int, params: Any
                ) -> list[Generation]:
@@ -93,22 +111,42 @@ class Demonstrator:
     tokenizer = self.tokenizers[policy_id if self.per_policy else 0]
     out = []
     for request in requests:
+      prompt = tuple(prompt_ids(tokenizer, request.messages))
+      mistake = self._mistake(request)
+      if mistake is not None:
+        out.append(Generation(mistake, prompt, (), (), "stop_token"))
+        continue
       text = request.env.demonstration(request.agent) or ""
       ids = tuple(tokenizer.encode(text)) + (tokenizer.end_of_reply_id,) if text else ()
-      out.append(Generation(text, tuple(prompt_ids(tokenizer, request.messages)), ids,
-                            (0.0,) * len(ids), "stop_token"))
+      out.append(Generation(text, prompt, ids, (0.0,) * len(ids), "stop_token"))
     return out
+
+  def _mistake(self, request: Request) -> str | None:
+    """The env's mistake for this request when its episode is picked and it is the first round;
+    else None. An episode is picked when the CRC-32 of its first-round prompt, as a fraction of
+    2^32, is below `mistake_rate`: deterministic, and independent of the problem's answer."""
+    env = request.env
+    if not self.mistake_rate or env.turn != 0 or not hasattr(env, "mistake"):
+      return None
+    text = env.mistake(request.agent)
+    picked = zlib.crc32(repr(request.messages).encode()) < self.mistake_rate * 2**32
+    return text if picked else None
 
 
 def demonstrations(problems: Sequence[Problem], spec: WorkflowSpec, demonstrator: Demonstrator,
                    rollout_cfg: RolloutConfig) -> tuple[list[Sample], dict[str, float]]:
   """(the samples of the solved demonstration episodes, metrics over every process):
-  "sft/solved" (fraction of episodes kept) and "sft/reply_tokens" (mean tokens per kept reply)."""
+  "sft/solved" (fraction of episodes kept), "sft/mistakes" (fraction that opened with a mistake)
+  and "sft/reply_tokens" (mean tokens per kept reply). A sample without tokens (a mistake) is
+  not kept."""
   cfg = dataclasses.replace(rollout_cfg, mode=ROLLOUT_MODE, k=ROLLOUT_K, record_traces=False)
   result = rollout(problems, spec, demonstrator.generate, None, cfg)
   solved = {e.traj_id for e in result.episodes if e.solved}
-  kept = [s for s in result.samples if s.traj_id in solved]
+  kept = [s for s in result.samples if s.traj_id in solved and s.generation.token_ids]
+  mistaken = {s.traj_id for s in result.samples
+              if s.generation.text and not s.generation.token_ids}
   means = multihost.global_means({
       "solved": multihost.sum_count([e.solved for e in result.episodes]),
+      "mistakes": multihost.sum_count([e.traj_id in mistaken for e in result.episodes]),
       "reply_tokens": multihost.sum_count([len(s.generation.token_ids) for s in kept])})
   return kept, {f"sft/{k}": v for k, v in means.items()}

@@ -299,7 +299,7 @@ class Run:
     then a fresh RL optimizer state on the new params. Returns the last step's metrics and the
     first step's loss."""
     c, n = self.c, self.c.sft.problems_per_step
-    demonstrator = sft_lib.Demonstrator(self.policy, self.tokenizers)
+    demonstrator = sft_lib.Demonstrator(self.policy, self.tokenizers, c.sft.mistake_rate)
     params = self.state.params
     self.state = None  # RL's optimizer state is rebuilt afterwards: free it meanwhile
     state, out, first_loss = self.sft_fns.init(params), {}, None

@@ -10,7 +10,7 @@ import torch
 import transformers
 
 import toy_task
-from configs import atgrpo_plan_path, atgrpo_sokoban
+from configs import atgrpo_plan_path, atgrpo_sokoban, drmas_math, orchestration_stop
 from marl_jax.errors import UserInputError
 from marl_jax.parallel.policies import PolicyConfig
 from marl_jax.models import config as model_config
@@ -87,6 +87,49 @@ def test_failed_demonstration_episodes_are_dropped(model_dir, tokenizer, monkeyp
   assert len(samples) == 2 and {s.problem_id for s in samples} == {1}
 
 
+def _math_demonstrations(model_dir, tokenizer, workflow, rate, n):
+  """(problems, kept samples, metrics) of n demonstration episodes of a math team."""
+  c = (drmas_math if workflow == "drmas" else orchestration_stop).get_config("cpu")
+  c.model = model_dir
+  c.sft.steps, c.sft.problems_per_step, c.sft.mistake_rate = 1, n, rate
+  built = config_lib.build(c)
+  policy = PolicyConfig(models=(model_config.get_preset("tiny-llama"),))
+  problems = trainer.problems(c, sft.first_seed(c, 0), n)
+  return (problems, *sft.demonstrations(
+      problems, built.spec, sft.Demonstrator(policy, [tokenizer], rate), RolloutConfig()))
+
+
+@pytest.mark.parametrize("workflow", ["drmas", "learned_stop"])
+def test_demonstrations_recover_from_mistakes(model_dir, tokenizer, workflow):
+  """mistake_rate 1: every episode opens with the solver's mistake, which is not trained on; the
+  kept samples are the recovery: the verifier rejects it (the coordinator asks for another
+  round), the solver then answers right in a prompt that shows its mistake, and the loop ends
+  (learned_stop: on an approval and a stop)."""
+  problems, samples, metrics = _math_demonstrations(model_dir, tokenizer, workflow, 1.0, 3)
+  assert metrics["sft/solved"] == 1.0 and metrics["sft/mistakes"] == 1.0
+  expected = [("verifier", 0, "<verify>reject</verify>"), ("solver", 1, None)]
+  if workflow == "learned_stop":
+    expected[1:] = [("coordinator", 0, "#### continue"), ("solver", 1, None),
+                    ("verifier", 1, "<verify>approve</verify>"), ("coordinator", 1, "#### stop")]
+  for problem in problems:
+    episode = [s for s in samples if s.problem_id == problem.problem_id]
+    assert [(s.agent, s.turn) for s in episode] == [(a, t) for a, t, _ in expected]
+    math_problem = problem.make().problem
+    for s, (agent, _, text) in zip(episode, expected):
+      assert s.generation.token_ids == (*tokenizer.encode(s.generation.text),
+                                        tokenizer.end_of_reply_id)
+      assert s.generation.text == (text or math_problem.demonstration())
+      if agent == "solver":  # its prompt shows the mistake it recovers from
+        assert math_problem.mistake() in s.messages[-1]["content"]
+  _, plain, metrics = _math_demonstrations(model_dir, tokenizer, workflow, 0.0, 3)
+  agents = ("solver", "verifier") + (("coordinator",) if workflow == "learned_stop" else ())
+  assert metrics["sft/mistakes"] == 0.0
+  assert sorted((s.problem_id, s.agent, s.turn) for s in plain) == sorted(
+      (p, a, 0) for p in range(3) for a in agents)
+  _, _, metrics = _math_demonstrations(model_dir, tokenizer, workflow, 0.5, 16)
+  assert 0.0 < metrics["sft/mistakes"] < 1.0 and metrics["sft/solved"] == 1.0
+
+
 def _torch_nll(model, samples):
   """Token-mean -log p of every demonstrated reply token, transformers in float64 sums."""
   total, count = 0.0, 0
@@ -124,8 +167,19 @@ def test_refusals(model_dir, tmp_path):
     preflight.check(c, str(tmp_path))
   for field, value, match in (("steps", -1, "config.sft.steps=-1; expected an integer >= 0"),
                               ("lr", 0.0, "config.sft.lr=0.0; expected a finite number > 0"),
-                              ("problems_per_step", 0, "config.sft.problems_per_step=0")):
+                              ("problems_per_step", 0, "config.sft.problems_per_step=0"),
+                              ("mistake_rate", 1.5,
+                               r"config.sft.mistake_rate=1.5; expected a number in \[0, 1\]")):
     c = _config(model_dir)
     c.sft[field] = value
     with pytest.raises(UserInputError, match=match):
       config_lib.build(c)
+  c = _config(model_dir)
+  c.sft.steps, c.sft.mistake_rate = 0, 0.5
+  with pytest.raises(UserInputError, match=r"mistake_rate=0.5 without a warm-start"):
+    config_lib.build(c)
+  c = _config(model_dir)  # Plan-Path demonstrates both roles but has no mistakes
+  c.sft.mistake_rate = 0.5
+  with pytest.raises(UserInputError, match=r"env 'plan_path' has none for agents \['tool', "
+                                           r"'plan'\]; expected sft.mistake_rate=0"):
+    preflight.check(c, str(tmp_path / "plan_path"))

@@ -47,7 +47,7 @@ _NAMES = ("Ava", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Iris"
 _ITEMS = ("apples", "marbles", "stickers", "pencils", "cookies", "stamps", "shells", "cards")
 
 
-def _fmt_number(value: fractions.Fraction) -> str:
+def format_number(value: fractions.Fraction) -> str:
   if value.denominator == 1:
     return str(value.numerator)
   return f"{value.numerator}/{value.denominator}"
@@ -88,13 +88,13 @@ def arithmetic_problem(seed: int) -> dict[str, str]:
          f"How many dollars does {name} have left?")
     ans = fractions.Fraction(money) * (1 - fractions.Fraction(num, den)) - lunch
     spent = fractions.Fraction(money * num, den)
-    steps = (f"{money} - {num}/{den} * {money} - {lunch} = {money} - {_fmt_number(spent)} - "
-             f"{lunch} = {_fmt_number(ans)}")
+    steps = (f"{money} - {num}/{den} * {money} - {lunch} = {money} - {format_number(spent)} - "
+             f"{lunch} = {format_number(ans)}")
   else:
     a, b = rng.randint(2, 30), rng.randint(2, 30)
     parts = rng.randint(2, 12)
     q = (f"{name} mixes {a} liters of juice with {b} liters of water and pours the mix equally "
          f"into {parts} bottles. How many liters are in each bottle?")
     ans = fractions.Fraction(a + b, parts)
-    steps = f"({a} + {b}) / {parts} = {a + b}/{parts} = {_fmt_number(ans)}"
-  return {"question": q, "answer": _fmt_number(ans), "solution": steps}
+    steps = f"({a} + {b}) / {parts} = {a + b}/{parts} = {format_number(ans)}"
+  return {"question": q, "answer": format_number(ans), "solution": steps}

@@ -51,10 +51,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import fractions
 import re
+import zlib
 from typing import Any
 
 from marl_jax.envs.math import answers as math_answers
+from marl_jax.envs.math.data import format_number
 from marl_jax.envs.actions import extract_code
 from marl_jax.envs.base import Observation, StepResult, truncate
 
@@ -124,6 +127,9 @@ PROFILES = {
 }
 
 
+_MISTAKE_OFFSETS = (1, -1, 2, -2, 10, -10)
+
+
 @dataclasses.dataclass(frozen=True)
 class MathProblem:
   question: str
@@ -136,6 +142,21 @@ class MathProblem:
   def demonstration(self) -> str:
     """A correct solver reply: the worked steps, then the answer in `\\boxed{}`."""
     return f"{self.solution}\nThe answer is \\boxed{{{self.answer}}}.".lstrip()
+
+  def mistake(self) -> str | None:
+    """A wrong solver reply shaped like `demonstration`: the worked steps with a wrong final
+    result, so only checking the arithmetic tells it apart (the warm-start's negative example,
+    `training/sft.py`). The wrong value is the answer plus an offset picked by the question's
+    CRC-32 from +-1, +-2, +-10; the steps are shown when they end in the answer. None when the
+    answer is not a number."""
+    try:
+      value = fractions.Fraction(self.answer)
+    except (ValueError, ZeroDivisionError):
+      return None
+    wrong = format_number(value + _MISTAKE_OFFSETS[zlib.crc32(self.question.encode()) %
+                                                    len(_MISTAKE_OFFSETS)])
+    steps = self.solution[:-len(self.answer)] + wrong if self.solution.endswith(self.answer) else ""
+    return f"{steps}\nThe answer is \\boxed{{{wrong}}}.".lstrip()
 
 
 def verdict(response: str) -> str | None:
@@ -313,6 +334,12 @@ class DrMASMathEnv(_MathEnv):
     if agent == "solver":
       return self.problem.demonstration()
     return f"<verify>{'approve' if self.final_correct else 'reject'}</verify>"
+
+  def mistake(self, agent: str) -> str | None:
+    """A wrong reply of `agent` now, for demonstrations that start with a mistake and recover
+    (`training/sft.py`): the solver's `MathProblem.mistake`; the other agents have none."""
+    self._check_agent(agent)
+    return self.problem.mistake() if agent == "solver" else None
 
   def step(self, agent: str, response: str, *, tool_output: str | None = None) -> StepResult:
     del tool_output

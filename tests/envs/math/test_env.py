@@ -142,6 +142,30 @@ def test_demonstrations_solve_with_valid_formats(workflow):
     registry.make_env("math", workflow="drmas", seed=0).demonstration("critic")
 
 
+def test_mistakes_are_wrong_results_in_the_demonstration_shape():
+  """The solver's mistake is the worked solution with its last value and boxed answer moved by
+  +-1, +-2 or +-10: wrong, and told apart from the demonstration only by the arithmetic."""
+  offsets = set()
+  for seed in range(100):
+    env = registry.make_env("math", workflow="learned_stop", seed=seed)
+    problem = math_data.arithmetic_problem(seed)
+    mistake = env.mistake("solver")
+    wrong = math_answers.last_boxed(mistake)
+    offset = fractions.Fraction(wrong) - fractions.Fraction(problem["answer"])
+    assert offset in (1, -1, 2, -2, 10, -10) and not env.problem.correct(wrong), (seed, mistake)
+    offsets.add(offset)
+    steps = problem["solution"]
+    assert mistake == f"{steps[:-len(problem['answer'])]}{wrong}\nThe answer is \\boxed{{{wrong}}}."
+    assert env.mistake("verifier") is None and env.mistake("coordinator") is None
+  assert len(offsets) == 6
+  no_steps = math_env.MathProblem("What is 7 / 2?", "7/2")
+  assert no_steps.mistake() in {f"The answer is \\boxed{{{v}}}." for v in
+                                ("9/2", "5/2", "11/2", "3/2", "27/2", "-13/2")}
+  assert math_env.MathProblem("Simplify x + x.", "2x").mistake() is None  # not a number
+  with pytest.raises(ValueError, match="unknown agent 'critic'"):
+    registry.make_env("math", workflow="drmas", seed=0).mistake("critic")
+
+
 def test_loaders(tmp_path):
   gsm = tmp_path / "gsm8k.jsonl"
   gsm.write_text(json.dumps({"question": "q1", "answer": "work\n#### 1,234"}) + "\n")
