@@ -15,14 +15,13 @@ with `group_ids` and mix rewards with `mixed_reward`.
 
 Host side (NumPy): `build_rows` pads samples into one flat block; shapes are bucketed so a run
 compiles a handful of train steps, not one per batch: rows round up with `round_rows` (multiples
-of `ROW_BLOCK`, powers of two below it; 40 samples take 40 rows, not 64), prompt and
-response widths to multiples of `BatchShape.width_block`: a 301-token game prompt pads to 320, not
-512. The price: prompts of up to P tokens can take ceil(P / 64)
-widths instead of log2(P) ones, so a run whose prompt lengths wander compiles more step shapes.
-Padding rows carry `sample_mask=False` and an all-False token mask: they never enter a statistic
-or a loss (the Dr. MAS public code padded with duplicated samples *before* computing advantages;
-we do not). Arranging blocks per policy kind is the policy
-layout's job (`parallel/layouts.py`).
+of `ROW_BLOCK`, powers of two below it; 40 samples take 40 rows, not 64), prompt and response
+widths to multiples of `BatchShape.width_block`: a 301-token game prompt pads to 320, not 512.
+The price: prompts of up to P tokens can take ceil(P / 64) widths instead of log2(P) ones, so a
+run whose prompt lengths wander compiles more step shapes. Padding rows carry
+`sample_mask=False` and an all-False token mask: they never enter a statistic or a loss (the
+Dr. MAS public code padded with duplicated samples *before* computing advantages; we do not).
+Arranging blocks per policy kind is the policy layout's job (`parallel/layouts.py`).
 """
 from __future__ import annotations
 

@@ -67,9 +67,7 @@ def plan(kept: list[np.ndarray], size: int, rng: np.random.Generator, multiple: 
   rows that are all padding: the AT-GRPO cpu preset keeps 4 of its 8 samples after the group
   filter, and its 16-row mini-batch computed 12 padding rows."""
   perms = [rng.permutation(np.flatnonzero(k)) for k in kept]
-  fullest = max(len(p) for p in perms)
-  if fullest < size:
-    size = min(size, round_rows(fullest, multiple))
+  size = min(size, round_rows(max(len(p) for p in perms), multiple))  # >= the fullest's count
   count = max(1, max(-(-len(p) // size) for p in perms))
   out = []
   for u in range(count):

@@ -126,11 +126,10 @@ class Demonstrator:
     else None. An episode is picked when the CRC-32 of its first-round prompt, as a fraction of
     2^32, is below `mistake_rate`: deterministic, and independent of the problem's answer."""
     env = request.env
-    if not self.mistake_rate or env.turn != 0 or not hasattr(env, "mistake"):
+    if (env.turn != 0 or not hasattr(env, "mistake")
+        or zlib.crc32(repr(request.messages).encode()) >= self.mistake_rate * 2**32):
       return None
-    text = env.mistake(request.agent)
-    picked = zlib.crc32(repr(request.messages).encode()) < self.mistake_rate * 2**32
-    return text if picked else None
+    return env.mistake(request.agent)
 
 
 def demonstrations(problems: Sequence[Problem], spec: WorkflowSpec, demonstrator: Demonstrator,
