@@ -11,6 +11,9 @@
   mas_full     MAS + AT-GRPO, one full model per role
   mas_grpo     the grouping ablation: the shared team trained with plain GRPO (independent
                rollouts, one group per problem) instead of AT-GRPO's tree groups
+The evaluation-only rows evaluate the policy RL would start from: the base model, and at cpu
+scale the warm-started one (the cpu presets' warm-start stands in for the paper's base models,
+which already play the games where SmolLM2-135M does not), so "no RL" vs "+ RL" is RL's gain.
 Defaults are the paper's: Qwen3-1.7B (pass `--config.model=/path/to/Qwen3-1.7B`), 32 problems x
 K=8 tree branches, 200 steps, response 2048 tokens, lr 1e-6 constant, clip 0.2/0.2, dual-clip 3,
 token-mean loss, grad clip 1.0, weight decay 0.01, lowest-mean 50% group filtering, validation

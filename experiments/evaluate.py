@@ -3,8 +3,8 @@ r"""Evaluates a team on held-out problems: accuracy (avg@k) and pass@k.
     python -m experiments.evaluate --config=configs/atgrpo_plan_path.py:cpu --workdir=/tmp/run \
         [--checkpoint=STEP] [--split=NAME]
 
-Loads the checkpoint of STEP (default: the latest in the workdir; the base model when the workdir
-has none), rolls out `config.eval.k` independent episodes on each of `config.eval.num_problems`
+Loads the checkpoint of STEP (default: the latest in the workdir; when the workdir has none, step
+0: the base model, warm-started first when the config has `sft.steps`), rolls out `config.eval.k` independent episodes on each of `config.eval.num_problems`
 held-out seeds, writes `eval/step{STEP}.json` and the episode traces into the workdir and prints a
 table. `--split=NAME` names an evaluation set given by `--config.eval.env_kwargs...` (e.g. a
 test file): metrics `NAME/...` in `eval/NAME_step{STEP}.json`, traces `traces/NAME_step{STEP}`.
@@ -24,7 +24,8 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding the checkpoints; results "
                                "are written there.")
 _CHECKPOINT = flags.DEFINE_integer("checkpoint", None, "Checkpoint step to evaluate (default: the "
-                                   "latest; the untrained model if the workdir has none).")
+                                   "latest; step 0, the policy RL starts from, if the workdir has "
+                                   "none).")
 _SPLIT = flags.DEFINE_string("split", None, "Name of the evaluation set (letters, digits, '_'): "
                              "results go to eval/SPLIT_stepN.json.")
 flags.mark_flags_as_required(["config", "workdir"])

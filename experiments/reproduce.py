@@ -8,7 +8,8 @@ prints ours beside the paper's.
 Tables: atgrpo_games, atgrpo_math_code (PAPERS.md section 1), drmas (section 2), magrpo
 (section 3), marft (section 4). A row is a config preset; a column is what it is evaluated on.
 Each (row, config, seed) trains once in `ROOT/<table>/<config>_<row>_seed<s>` (rows without RL
-only evaluate) and writes one evaluation per column (`eval/step<N>.json`, or
+only evaluate, step 0: the policy RL would start from, warm-started where the config has a
+warm-start) and writes one evaluation per column (`eval/step<N>.json`, or
 `eval/<split>_step<N>.json` when a column names its own evaluation set).
 
 At cpu scale every missing cell runs on the embedded model with generated problems (the columns

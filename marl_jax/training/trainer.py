@@ -371,10 +371,14 @@ class Run:
 
 def evaluate_checkpoint(c: ml_collections.ConfigDict, workdir: str, step: int | None = None,
                         split: str | None = None) -> dict[str, Any]:
-  """Evaluates checkpoint `step` of `workdir` (default: the latest; the base model when there is
-  none) on the run's evaluation problems, or on the set `split` names (its files given by
-  `config.eval.env_kwargs`); writes the result where `eval_results` says and returns it. Bad
-  input (split name, missing step) is refused before the model loads."""
+  """Evaluates checkpoint `step` of `workdir` (default: the latest) on the run's evaluation
+  problems, or on the set `split` names (its files given by `config.eval.env_kwargs`); writes the
+  result where `eval_results` says and returns it. Bad input (split name, missing step) is refused
+  before the model loads.
+
+  A workdir without checkpoints evaluates step 0, the policy RL would start from: the base model,
+  after the config's warm-start when `sft.steps` > 0 (as `train` evaluates step 0). So a table's
+  rows without RL are the RL rows' starting point, also where a cpu preset warm-starts."""
   eval_results.check_split(split)
   if step is not None:
     preflight.check_workdir(workdir)
@@ -383,11 +387,14 @@ def evaluate_checkpoint(c: ml_collections.ConfigDict, workdir: str, step: int | 
       raise UserInputError(f"--checkpoint={step}: no such checkpoint in {workdir}; expected one "
                            f"of the saved steps {steps}")
   run = Run(c, workdir)
+  warm_start = {}
   if step is not None or run.checkpointer.latest_step() is not None:
     restored = run.checkpointer.restore(step, target={"train": run.state, "rng": run.run_key})
     run.state, step = restored.state["train"], restored.step
+  elif c.sft.steps:
+    warm_start = run.warm_start()
   step = step or 0
-  result = {"config": c.name, "step": step, **run.evaluate(step, split or "eval")}
+  result = {"config": c.name, "step": step, **warm_start, **run.evaluate(step, split or "eval")}
   eval_results.write(workdir, step, split, result)
   return result
 

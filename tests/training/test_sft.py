@@ -1,6 +1,7 @@
 """Supervised warm-start (training/sft.py): demonstrations as the sampler would tokenise them, the
 rejection of failed episodes, the warm-start's loss against transformers (PyTorch), the stage in a
-trainer run, and its one-line refusals."""
+trainer run, the rows without RL that evaluate the warm-started policy, and its one-line
+refusals."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import toy_task
 from configs import atgrpo_plan_path, atgrpo_sokoban, drmas_math, orchestration_stop
 from marl_jax.errors import UserInputError
 from marl_jax.parallel.policies import PolicyConfig
+from marl_jax.traces import store
 from marl_jax.models import config as model_config
 from marl_jax.training import config as config_lib
 from marl_jax.training import preflight, sft, trainer
@@ -158,6 +160,23 @@ def test_warm_start_in_a_trainer_run(model_dir, tokenizer, tmp_path):
   model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
   np.testing.assert_allclose(step0["sft/first_loss"], _torch_nll(model, first), rtol=1e-4)
   assert step0["sft/loss"] < step0["sft/first_loss"] - 1.0
+
+
+def test_a_row_without_rl_evaluates_the_warm_started_policy(model_dir, tmp_path):
+  """The game table's "MAS (no RL)" row at cpu scale is the policy the "MAS + AT-GRPO" row starts
+  RL from: evaluating it in an empty workdir warm-starts first, and replies exactly as the RL
+  run's step-0 evaluation (same seed) does, not as the pretrained model."""
+  rl = _config(model_dir, "mas_shared,cpu")
+  trainer.train(rl, str(tmp_path / "rl"))
+  step0 = next(r for r in read_metrics(str(tmp_path / "rl")) if r["step"] == 0)
+  result = trainer.evaluate_checkpoint(_config(model_dir, "mas_norl,cpu"), str(tmp_path / "norl"))
+  assert result["step"] == 0 and result["sft/steps"] == 2
+  assert result["sft/first_loss"] == step0["sft/first_loss"]
+  assert result["eval/accuracy"] == step0["eval/accuracy"]
+  replies = {name: store.read_content(tmp_path / name / "traces" / "eval_step0.jsonl")
+             for name in ("rl", "norl")}
+  pretrained = store.read_content(tmp_path / "rl" / "traces" / "pretrained_step0.jsonl")
+  assert replies["norl"] == replies["rl"] != pretrained
 
 
 def test_refusals(model_dir, tmp_path):
