@@ -1,7 +1,7 @@
 """Supervised warm-start (training/sft.py): demonstrations as the sampler would tokenise them, the
 rejection of failed episodes, the warm-start's loss against transformers (PyTorch), the stage in a
-trainer run, the rows without RL that evaluate the warm-started policy, and its one-line
-refusals."""
+trainer run, the rows without RL that evaluate the warm-started policy, spawning teams' episodes,
+and its one-line refusals."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 import transformers
 
 import toy_task
-from configs import atgrpo_plan_path, atgrpo_sokoban, drmas_math, orchestration_stop
+from configs import (atgrpo_plan_path, atgrpo_sokoban, drmas_math, orchestration_spawn,
+                     orchestration_stop)
 from marl_jax.errors import UserInputError
 from marl_jax.parallel.policies import PolicyConfig
 from marl_jax.traces import store
@@ -130,6 +131,30 @@ def test_demonstrations_recover_from_mistakes(model_dir, tokenizer, workflow):
       (p, a, 0) for p in range(3) for a in agents)
   _, _, metrics = _math_demonstrations(model_dir, tokenizer, workflow, 0.5, 16)
   assert 0.0 < metrics["sft/mistakes"] < 1.0 and metrics["sft/solved"] == 1.0
+
+
+@pytest.mark.parametrize("decision", ["count", "delegate"])
+def test_spawning_teams_demonstrate_every_call(model_dir, tokenizer, decision):
+  """A spawning team's demonstration episode trains every call it makes: the dispatcher's
+  decision, each worker it spawned and the aggregator, each on its demonstration."""
+  c = orchestration_spawn.get_config(f"{decision},cpu")
+  c.model = model_dir
+  c.sft.steps, c.sft.problems_per_step = 1, 4
+  built = config_lib.build(c)
+  policy = PolicyConfig(models=(model_config.get_preset("tiny-llama"),))
+  problems = trainer.problems(c, sft.first_seed(c, 0), 4)
+  samples, metrics = sft.demonstrations(problems, built.spec,
+                                        sft.Demonstrator(policy, [tokenizer]), RolloutConfig())
+  assert metrics["sft/solved"] == 1.0
+  for problem in problems:
+    env = problem.make()
+    workers = env.choose(env.demonstration("dispatcher"))
+    episode = [s for s in samples if s.problem_id == problem.problem_id]
+    assert sorted(s.agent for s in episode) == sorted(("dispatcher", *workers, "aggregator"))
+    for s in episode:
+      assert s.generation.text == env.demonstration(s.agent)
+      assert s.generation.token_ids == (*tokenizer.encode(s.generation.text),
+                                        tokenizer.end_of_reply_id)
 
 
 def _torch_nll(model, samples):

@@ -465,6 +465,20 @@ class SpawnMathEnv(_MathEnv):
     del agent
     return SOLVER_SYSTEM
 
+  def demonstration(self, agent: str) -> str | None:
+    """A valid reply of `agent` now (the supervised warm-start's target, `training/sft.py`): the
+    workers and the aggregator the worked solution; the dispatcher a decision picked by the
+    question's CRC-32, uniform over the choices, so the warm-start teaches the protocol and
+    leaves the choice to RL (no decision is the right one before its cost is known)."""
+    self._check_agent(agent)
+    if agent != "dispatcher":
+      return self.problem.demonstration()
+    return f"#### {self.demonstrated_choice()}"
+
+  def demonstrated_choice(self) -> str:
+    """The dispatcher's demonstrated decision: N of 1..MAX_WORKERS."""
+    return str(1 + zlib.crc32(self.problem.question.encode()) % MAX_WORKERS)
+
   def observe(self, agent: str) -> Observation:
     self._check_agent(agent)
     task = f"Problem: {self.problem.question}"
@@ -533,6 +547,11 @@ class DelegateMathEnv(SpawnMathEnv):
 
   def worker_system(self, agent: str) -> str:
     return SPECIALISTS[agent][1]
+
+  def demonstrated_choice(self) -> str:
+    """One of the 2^4 - 1 non-empty sets of specialists, by the question's CRC-32."""
+    mask = 1 + zlib.crc32(self.problem.question.encode()) % (2 ** len(SPECIALISTS) - 1)
+    return ", ".join(name for i, name in enumerate(SPECIALISTS) if mask >> i & 1)
 
   def decision(self) -> str:
     return "delegate " + ",".join(self.spawned)

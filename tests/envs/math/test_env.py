@@ -9,6 +9,7 @@ import json
 import os
 import re
 import time
+import zlib
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -140,6 +141,32 @@ def test_demonstrations_solve_with_valid_formats(workflow):
     assert env.problem.demonstration().endswith(f"\\boxed{{{answer}}}.")
   with pytest.raises(ValueError, match="unknown agent 'critic'"):
     registry.make_env("math", workflow="drmas", seed=0).demonstration("critic")
+
+
+@pytest.mark.parametrize("workflow", ["spawn", "delegate"])
+def test_dispatcher_demonstrations_spread_over_every_choice(workflow):
+  """The dispatcher demonstrates a valid decision picked by the question's CRC-32 (counts 1-4, or
+  the 15 non-empty sets of the 4 specialists, in SPECIALISTS order), so the warm-start favours
+  none; the workers' and the aggregator's demonstrations then solve the problem with no
+  penalty."""
+  names = list(math_env.SPECIALISTS)
+  seen = set()
+  for seed in range(200):
+    env = registry.make_env("math", workflow=workflow, seed=seed)
+    crc = zlib.crc32(math_data.arithmetic_problem(seed)["question"].encode())
+    if workflow == "spawn":
+      expected = tuple(f"worker_{i}" for i in range(1, crc % 4 + 2))
+    else:
+      expected = tuple(n for i, n in enumerate(names) if (1 + crc % 15) >> i & 1)
+    reply = env.demonstration("dispatcher")
+    result = env.step("dispatcher", reply)
+    assert env.spawned == expected and not result.info["format_error"], (seed, reply)
+    seen.add(expected)
+    rewards = [result.rewards]
+    for agent in (*expected, "aggregator"):
+      rewards.append(env.step(agent, env.demonstration(agent)).rewards)
+    assert env.solved and all(v == 0.0 for r in rewards for v in r.values()), (seed, rewards)
+  assert len(seen) == (4 if workflow == "spawn" else 15)
 
 
 def test_mistakes_are_wrong_results_in_the_demonstration_shape():
