@@ -139,6 +139,11 @@ class MathProblem:
   def correct(self, predicted: str | None) -> bool:
     return math_answers.is_equiv(predicted, self.answer)
 
+  def pick(self, n: int) -> int:
+    """A fixed choice of 0..n-1 for this problem (its question's CRC-32 mod n): how the
+    warm-start's scripted replies vary over problems without depending on the answer."""
+    return zlib.crc32(self.question.encode()) % n
+
   def demonstration(self) -> str:
     """A correct solver reply: the worked steps, then the answer in `\\boxed{}`."""
     return f"{self.solution}\nThe answer is \\boxed{{{self.answer}}}.".lstrip()
@@ -153,8 +158,7 @@ class MathProblem:
       value = fractions.Fraction(self.answer)
     except (ValueError, ZeroDivisionError):
       return None
-    wrong = format_number(value + _MISTAKE_OFFSETS[zlib.crc32(self.question.encode()) %
-                                                    len(_MISTAKE_OFFSETS)])
+    wrong = format_number(value + _MISTAKE_OFFSETS[self.pick(len(_MISTAKE_OFFSETS))])
     steps = self.solution[:-len(self.answer)] + wrong if self.solution.endswith(self.answer) else ""
     return f"{steps}\nThe answer is \\boxed{{{wrong}}}.".lstrip()
 
@@ -477,7 +481,7 @@ class SpawnMathEnv(_MathEnv):
 
   def demonstrated_choice(self) -> str:
     """The dispatcher's demonstrated decision: N of 1..MAX_WORKERS."""
-    return str(1 + zlib.crc32(self.problem.question.encode()) % MAX_WORKERS)
+    return str(1 + self.problem.pick(MAX_WORKERS))
 
   def observe(self, agent: str) -> Observation:
     self._check_agent(agent)
@@ -550,7 +554,7 @@ class DelegateMathEnv(SpawnMathEnv):
 
   def demonstrated_choice(self) -> str:
     """One of the 2^4 - 1 non-empty sets of specialists, by the question's CRC-32."""
-    mask = 1 + zlib.crc32(self.problem.question.encode()) % (2 ** len(SPECIALISTS) - 1)
+    mask = 1 + self.problem.pick(2 ** len(SPECIALISTS) - 1)
     return ", ".join(name for i, name in enumerate(SPECIALISTS) if mask >> i & 1)
 
   def decision(self) -> str:
