@@ -17,10 +17,10 @@ auto, gsm8k, math, plain); problem seed s is row s % rows. `cpu`: the embedded S
 from __future__ import annotations
 
 from configs.atgrpo_games import task_config
-from configs.common import data_fields
+from configs.common import MATH_DATA, data_fields
 
 
 def get_config(preset: str | None = None):
   c = task_config("math", "atgrpo", max_turns=4, preset=preset)
-  data_fields(c, path=None, fmt="auto")
+  data_fields(c, **MATH_DATA)
   return c

@@ -64,6 +64,10 @@ def data_fields(c: ml_collections.ConfigDict, **fields: str | None) -> None:
     c.eval.env_kwargs[name] = config_dict.placeholder(str)
 
 
+# The math family's data fields: a local file (`path`, `fmt`) or, unset, generated problems of
+# `level` (envs/math/data.py LEVELS; unset: multi_step).
+MATH_DATA = dict(path=None, fmt="auto", level=None)
+
 CPU_MAX_NEW_TOKENS = 48
 
 

@@ -34,7 +34,7 @@ def get_config(preset: str | None = None):
                           questions=32, k=8, entropy_coef=0.0)
   c.name += f"_{choice['models']}"
   common.apply_team(c, choice["models"], HETERO)
-  common.data_fields(c, path=None, fmt="auto")
+  common.data_fields(c, **common.MATH_DATA)
   if cpu:
     common.cpu_preset(c)
     c.eval.k = 2

@@ -58,7 +58,7 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
   c.train.target_kl = 1e-3
   c.train.mini_batch_size, c.train.epochs = None, 1
   c.train.recompute_old_logp, c.train.learner_temperature = True, 1.0
-  common.data_fields(c, path=None, fmt="auto")
+  common.data_fields(c, **common.MATH_DATA)
   if cpu:
     common.cpu_preset(c)
     c.rollout.k = 1

@@ -38,7 +38,7 @@ def get_config(preset: str | None = None):
   c.env.workflow = DECISIONS[choice["decision"]]
   c.algo.group_by = "problem_turn_agent"
   common.apply_models(c, choice["models"])
-  common.data_fields(c, path=None, fmt="auto")
+  common.data_fields(c, **common.MATH_DATA)
   c.env.kwargs.spawn_cost = 0.1
   c.env.kwargs.latency_cost, c.env.kwargs.aggregation_bonus = 0.0, 0.0
   if cpu:

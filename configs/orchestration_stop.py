@@ -30,7 +30,7 @@ def get_config(preset: str | None = None):
   c.env.workflow = "learned_stop"
   c.algo.group_by = "problem_turn_agent"
   common.apply_models(c, choice["models"])
-  common.data_fields(c, path=None, fmt="auto")
+  common.data_fields(c, **common.MATH_DATA)
   c.env.kwargs.round_cost = 0.1
   c.env.kwargs.premature_penalty = 0.0
   if cpu:

@@ -217,8 +217,10 @@ def test_learning_preset_builds(preset, kind):
 
 def test_cli_data_fields_exist_for_local_datasets():
   """The trainer's config is locked: the data kwargs a command line sets must already exist."""
-  for name, fields in (("atgrpo_math", ("path", "fmt")), ("atgrpo_code", ("path", "fmt")),
-                       ("drmas_math", ("path", "fmt")), ("marft_math", ("path", "fmt")),
+  math = ("path", "fmt", "level")
+  for name, fields in (("atgrpo_math", math), ("atgrpo_code", ("path", "fmt")),
+                       ("drmas_math", math), ("marft_math", math), ("orchestration_stop", math),
+                       ("orchestration_spawn", math),
                        ("drmas_search", ("corpus_path", "questions_path")),
                        ("magrpo_tldr", ("path", "field")), ("magrpo_arxiv", ("path", "field")),
                        ("magrpo_humaneval", ("path", "fmt"))):

@@ -13,6 +13,7 @@ import transformers
 import toy_task
 from configs import (atgrpo_plan_path, atgrpo_sokoban, drmas_math, orchestration_spawn,
                      orchestration_stop)
+from marl_jax.envs.math import answers as math_answers
 from marl_jax.errors import UserInputError
 from marl_jax.parallel.policies import PolicyConfig
 from marl_jax.traces import store
@@ -110,17 +111,22 @@ def test_demonstrations_recover_from_mistakes(model_dir, tokenizer, workflow):
   (learned_stop: on an approval and a stop)."""
   problems, samples, metrics = _math_demonstrations(model_dir, tokenizer, workflow, 1.0, 3)
   assert metrics["sft/solved"] == 1.0 and metrics["sft/mistakes"] == 1.0
-  expected = [("verifier", 0, "<verify>reject</verify>"), ("solver", 1, None)]
+  expected = [("verifier", 0, "reject"), ("solver", 1, None)]
   if workflow == "learned_stop":
     expected[1:] = [("coordinator", 0, "#### continue"), ("solver", 1, None),
-                    ("verifier", 1, "<verify>approve</verify>"), ("coordinator", 1, "#### stop")]
+                    ("verifier", 1, "approve"), ("coordinator", 1, "#### stop")]
   for problem in problems:
     episode = [s for s in samples if s.problem_id == problem.problem_id]
     assert [(s.agent, s.turn) for s in episode] == [(a, t) for a, t, _ in expected]
     math_problem = problem.make().problem
-    for s, (agent, _, text) in zip(episode, expected):
+    # the mistake's answer, then the right one: what the verifier restates in its check
+    proposed = [math_answers.last_boxed(math_problem.mistake()), math_problem.answer]
+    for s, (agent, turn, text) in zip(episode, expected):
       assert s.generation.token_ids == (*tokenizer.encode(s.generation.text),
                                         tokenizer.end_of_reply_id)
+      if agent == "verifier":
+        text = (f"Proposed answer: {proposed[turn]}. Checking: {math_problem.solution}.\n"
+                f"<verify>{text}</verify>")
       assert s.generation.text == (text or math_problem.demonstration())
       if agent == "solver":  # its prompt shows the mistake it recovers from
         assert math_problem.mistake() in s.messages[-1]["content"]

@@ -53,11 +53,23 @@ def format_number(value: fractions.Fraction) -> str:
   return f"{value.numerator}/{value.denominator}"
 
 
-def arithmetic_problem(seed: int) -> dict[str, str]:
-  """A seeded multi-step arithmetic word problem with its exact answer (int or fraction) and a
-  one-line worked solution (the supervised warm-start's demonstration, `training/sft.py`)."""
+LEVELS = ("multi_step", "one_step")
+
+
+def arithmetic_problem(seed: int, level: str = "multi_step") -> dict[str, str]:
+  """A seeded arithmetic word problem with its exact answer (int or fraction) and a one-line
+  worked solution (the supervised warm-start's demonstration, `training/sft.py`).
+
+  `level` "multi_step": two or three operations, fractions included; "one_step": one addition,
+  subtraction or multiplication of small whole numbers, a task a 135M model solves often enough
+  that a second attempt or a second solver changes the outcome (learned orchestration at CPU
+  scale, RESULTS.md)."""
+  if level not in LEVELS:
+    raise ValueError(f"unknown arithmetic level {level!r}; expected one of {LEVELS}")
   rng = random.Random(seed)
   name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+  if level == "one_step":
+    return _one_step_problem(rng, name, item)
   kind = rng.randrange(5)
   if kind == 0:
     a, b, c = rng.randint(5, 60), rng.randint(2, 9), rng.randint(2, 12)
@@ -98,3 +110,21 @@ def arithmetic_problem(seed: int) -> dict[str, str]:
     ans = fractions.Fraction(a + b, parts)
     steps = f"({a} + {b}) / {parts} = {a + b}/{parts} = {format_number(ans)}"
   return {"question": q, "answer": format_number(ans), "solution": steps}
+
+
+def _one_step_problem(rng: random.Random, name: str, item: str) -> dict[str, str]:
+  kind = rng.randrange(3)
+  if kind == 0:
+    a, b = rng.randint(2, 50), rng.randint(2, 50)
+    q = f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?"
+    ans, steps = a + b, f"{a} + {b} = {a + b}"
+  elif kind == 1:
+    a = rng.randint(10, 60)
+    b = rng.randint(1, a - 1)
+    q = f"{name} has {a} {item} and gives away {b}. How many {item} does {name} have left?"
+    ans, steps = a - b, f"{a} - {b} = {a - b}"
+  else:
+    a, b = rng.randint(2, 9), rng.randint(2, 10)
+    q = f"{name} buys {a} packs with {b} {item} in each pack. How many {item} does {name} buy?"
+    ans, steps = a * b, f"{a} * {b} = {a * b}"
+  return {"question": q, "answer": str(ans), "solution": steps}

@@ -332,12 +332,18 @@ class DrMASMathEnv(_MathEnv):
 
   def demonstration(self, agent: str) -> str | None:
     """A correct reply of `agent` now (the supervised warm-start's target, `training/sft.py`):
-    the solver the problem's worked solution; the verifier the true verdict on the current
-    answer (approve when it is right)."""
+    the solver the problem's worked solution; the verifier checks by recomputing: it restates
+    the proposed answer, works the problem itself (the worked steps, or the answer where the
+    source has none) and gives the true verdict. A bare verdict would teach a 135M verifier the
+    approval rate, not a check: recomputing and comparing two numbers in its own context is a
+    check it can learn, and a rejection that shows the recomputed value is feedback the solver's
+    next round can use."""
     self._check_agent(agent)
     if agent == "solver":
       return self.problem.demonstration()
-    return f"<verify>{'approve' if self.final_correct else 'reject'}</verify>"
+    return (f"Proposed answer: {self.answer}. Checking: "
+            f"{self.problem.solution or 'the answer is ' + self.problem.answer}.\n"
+            f"<verify>{'approve' if self.final_correct else 'reject'}</verify>")
 
   def mistake(self, agent: str) -> str | None:
     """A wrong reply of `agent` now, for demonstrations that start with a mistake and recover

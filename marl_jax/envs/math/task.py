@@ -36,18 +36,21 @@ WORKFLOWS = {
 
 
 def load_problem(problem: dict[str, Any] | None = None, *, path: str | None = None,
-                 fmt: str = "auto", index: int | None = None,
-                 seed: int | None = None) -> MathProblem:
+                 fmt: str = "auto", index: int | None = None, seed: int | None = None,
+                 level: str | None = None) -> MathProblem:
   """Exactly one source: a {"question", "answer"} dict, a file row (path, fmt, index) or a
-  generated arithmetic word problem (seed)."""
+  generated arithmetic word problem (seed, and its `level`, `data.LEVELS`)."""
   if sum(x is not None for x in (problem, path, seed)) != 1:
     raise ValueError("give exactly one of problem=, path= (+ index=), seed=")
+  if level is not None and seed is None:
+    raise ValueError(f"level={level!r} picks the generated problems' difficulty; it needs seed=, "
+                     "not a problem or a file")
   if path is not None:
     if index is None:
       raise ValueError(f"path={path!r} needs index=")
     problem = math_data.load_math(path, fmt)[index]
   elif seed is not None:
-    problem = math_data.arithmetic_problem(seed)
+    problem = math_data.arithmetic_problem(seed, level or "multi_step")
   if not isinstance(problem.get("question"), str) or problem.get("answer") is None:
     raise ValueError(f"a math problem needs 'question' (str) and 'answer'; got keys "
                      f"{sorted(problem)}")

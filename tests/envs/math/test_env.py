@@ -115,6 +115,36 @@ def test_generated_solutions_compute_the_answer():
     assert parts[-1] == problem["answer"]
 
 
+def test_one_step_level_is_one_exact_operation():
+  """`level="one_step"`: each problem is one +, - or * of the two numbers in its text (re-derived
+  here from the wording), a whole number >= 0, its worked solution that one line; all three
+  operations occur, and the default level is unchanged."""
+  ops = {"more": lambda a, b: a + b, "gives away": lambda a, b: a - b,
+         "packs": lambda a, b: a * b}
+  seen = set()
+  for seed in range(200):
+    problem = math_data.arithmetic_problem(seed, "one_step")
+    assert problem == math_data.arithmetic_problem(seed, "one_step")
+    (word,) = [w for w in ops if w in problem["question"]]
+    a, b = [int(x) for x in re.findall(r"\d+", problem["question"])]
+    expected = ops[word](a, b)
+    assert problem["answer"] == str(expected) and expected >= 0
+    assert problem["solution"].endswith(f"= {expected}") and problem["solution"].count("=") == 1
+    seen.add(word)
+  assert seen == set(ops)
+  assert math_data.arithmetic_problem(3) == math_data.arithmetic_problem(3, "multi_step")
+  env = registry.make_env("math", workflow="learned_stop", seed=5, level="one_step")
+  assert env.problem.question == math_data.arithmetic_problem(5, "one_step")["question"]
+
+
+def test_level_is_refused_where_it_picks_nothing():
+  with pytest.raises(ValueError, match="unknown arithmetic level 'hard'"):
+    registry.make_env("math", workflow="drmas", seed=1, level="hard")
+  with pytest.raises(ValueError, match="level='one_step' .* needs seed="):
+    registry.make_env("math", workflow="drmas", problem={"question": "1+1?", "answer": "2"},
+                      level="one_step")
+
+
 @pytest.mark.parametrize("workflow", ["drmas", "learned_stop", "single"])
 def test_demonstrations_solve_with_valid_formats(workflow):
   """Replying with every agent's demonstration solves each problem with no format penalty; the
@@ -123,10 +153,14 @@ def test_demonstrations_solve_with_valid_formats(workflow):
   for seed in range(20):
     env = registry.make_env("math", workflow=workflow, seed=seed)
     answer = math_data.arithmetic_problem(seed)["answer"]
+    steps = math_data.arithmetic_problem(seed)["solution"]
     if workflow != "single":
-      assert env.demonstration("verifier") == "<verify>reject</verify>"  # no answer yet
+      assert env.demonstration("verifier") == (  # no answer yet
+          f"Proposed answer: None. Checking: {steps}.\n<verify>reject</verify>")
       env.step("solver", "I think it is \\boxed{-1}.")  # wrong: answers are >= 0
-      assert env.demonstration("verifier") == "<verify>reject</verify>"
+      assert env.demonstration("verifier") == (
+          f"Proposed answer: -1. Checking: {steps}.\n<verify>reject</verify>")
+      assert math_env.verdict(env.demonstration("verifier")) == "reject"
       if workflow == "learned_stop":
         assert env.demonstration("coordinator") == "#### continue"
       env = registry.make_env("math", workflow=workflow, seed=seed)
@@ -139,6 +173,10 @@ def test_demonstrations_solve_with_valid_formats(workflow):
         rewards.append(env.step(agent, reply).rewards)
     assert env.solved and all(v >= 0 for r in rewards for v in r.values()), (seed, rewards)
     assert env.problem.demonstration().endswith(f"\\boxed{{{answer}}}.")
+  env = registry.make_env("math", workflow="drmas", problem={"question": "1 + 1?", "answer": "2"})
+  env.step("solver", "\\boxed{2}")
+  assert env.demonstration("verifier") == (
+      "Proposed answer: 2. Checking: the answer is 2.\n<verify>approve</verify>")
   with pytest.raises(ValueError, match="unknown agent 'critic'"):
     registry.make_env("math", workflow="drmas", seed=0).demonstration("critic")
 
