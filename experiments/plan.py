@@ -216,6 +216,7 @@ class _Sample:
   generation: _Generation
   reward: float = 0.0
   team_reward: float = 0.0
+  trained: bool = True
 
 
 def rollout_samples(c: ml_collections.ConfigDict, built: config_lib.Built, prompt_tokens: int

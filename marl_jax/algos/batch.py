@@ -275,6 +275,7 @@ class RolloutSample(Protocol):
   policy_id: int
   reward: float
   team_reward: float
+  trained: bool  # False: the tokens are masked out of the loss (config.train.agents)
   generation: Any  # .prompt_ids, .token_ids, .logprobs
 
 
@@ -352,7 +353,7 @@ def build_rows(samples: Sequence[RolloutSample], shape: BatchShape, pad_id: int,
     prompt_mask[i, width - p:] = True
     response[i, :r] = gen.token_ids
     old_logp[i, :r] = gen.logprobs
-    token_mask[i, :r] = True
+    token_mask[i, :r] = s.trained
     values = dict(problem_id=s.problem_id, turn=s.turn, agent_id=s.agent_id,
                   policy_id=s.policy_id, traj_id=s.traj_id,
                   node_id=node_id(s.traj_id, s.turn, shape.max_turns),

@@ -107,7 +107,11 @@ def base_config() -> ml_collections.ConfigDict:
   # serve every sample that shares it (a group's G samples), forward and backward.
   # agent_grad_norms: log `agent/grad_norm/<agent>`, the norm of the gradient of each agent's own
   # loss share (Dr. MAS's instability signal; one extra backward pass per agent).
-  c.train = ml_collections.ConfigDict(dict(steps=200, micro_batches=1, remat=False,
+  # agents: comma-separated agents that RL trains ("" = all). The others act with the policy they
+  # start from: their samples still enter the advantage statistics, so the trained agents' groups
+  # are unchanged, but carry no tokens into any loss (e.g. `coordinator`: learn a decision over
+  # fixed workers, `trainer.trained_samples`).
+  c.train = ml_collections.ConfigDict(dict(steps=200, micro_batches=1, remat=False, agents="",
                                            logits_chunk=config_dict.placeholder(int),
                                            share_prompts=False,
                                            mesh=(-1, 1, 1), eval_only=False,
@@ -183,6 +187,16 @@ def _user_errors(check):
   return checked
 
 
+def trained_agents(c: ml_collections.ConfigDict, spec: WorkflowSpec) -> frozenset[str]:
+  """The agents RL trains: `config.train.agents` ("" = every agent of the workflow)."""
+  names = [n.strip() for n in (c.train.agents or "").split(",") if n.strip()]
+  unknown = sorted(set(names) - set(spec.agents))
+  if unknown:
+    raise ValueError(f"config.train.agents={c.train.agents!r} names {unknown}; expected "
+                     f"comma-separated agents of {list(spec.agents)} ('' = all)")
+  return frozenset(names or spec.agents)
+
+
 @_user_errors
 def build(c: ml_collections.ConfigDict) -> Built:
   """Checks a whole config before any compute; raises UserInputError naming the field and value."""
@@ -248,6 +262,7 @@ def build(c: ml_collections.ConfigDict) -> Built:
                      f"{'one agent' if len(spec.agents) == 1 else 'per_role=False'}; use "
                      "kind='shared' or set config.policy.per_role=True")
   _check_team(c, spec)
+  trained_agents(c, spec)
   advantage = _dataclass(AdvantageConfig, c.algo, "algo")
   _check_rollout(c, spec, advantage)
   unknown = sorted(set(c.eval.env_kwargs) - set(c.env.kwargs))

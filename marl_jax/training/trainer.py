@@ -33,6 +33,7 @@ process p > 0 of a multi-host run: `traces/eval_step{N}.process{p}.jsonl`),
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -187,6 +188,14 @@ def _scalars(metrics: dict[str, Any], agents: tuple[str, ...]) -> dict[str, floa
   return out
 
 
+def trained_samples(samples: list[Sample], agents: frozenset[str]) -> list[Sample]:
+  """The rollout's samples as RL trains on them (`config.train.agents`). An untrained agent's
+  sample keeps its reward and ids, so it still counts in its group's advantage statistics and
+  the trained agents' advantages are those of a run that trains everyone; it is marked
+  `trained=False`, so its tokens are masked out of every loss term (`algos/batch.py`)."""
+  return [s if s.agent in agents else dataclasses.replace(s, trained=False) for s in samples]
+
+
 class Run:
   """One configured training run: model, team, workflow, train step and bookkeeping."""
 
@@ -196,6 +205,7 @@ class Run:
     self.c, self.workdir = c, workdir
     self.is_main = jax.process_index() == 0
     self.spec = built.spec
+    self.trained_agents = config_lib.trained_agents(c, built.spec)
     self.policy, base, self.tokenizers = load_team(c, built)
     shape = config_lib.mesh_shape(tuple(c.train.mesh), jax.device_count())
     self.mesh = mesh_lib.make_mesh(*shape)
@@ -276,7 +286,7 @@ class Run:
     start = time.monotonic()
     samples, result, refill_metrics = self._rollout()
     rollout_s = time.monotonic() - start
-    batch = self._batch(samples, self.shape)
+    batch = self._batch(trained_samples(samples, self.trained_agents), self.shape)
     if self.fns.old_values is not None:  # MARFT: GAE needs the critic's values of these states
       batch = self.fns.old_values(self.state.params, self.frozen, batch)
     if self.fns.ref_logp is not None:  # the KL term's reference log-probs

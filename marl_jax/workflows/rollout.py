@@ -129,6 +129,7 @@ class Sample:
   reward: float = 0.0
   team_reward: float = 0.0  # task success: of the branch after this step (tree modes) or episode
   selected: bool = True  # tree mode: whether this candidate's state was continued
+  trained: bool = True  # False: in its group's statistics, in no loss (config.train.agents)
 
 
 @dataclasses.dataclass

@@ -188,6 +188,30 @@ def test_mapped_team_trains_each_model_on_its_own_samples(models, recorded, tmp_
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1", "2"]
 
 
+def test_train_agents_trains_only_the_named_agents(models, recorded, tmp_path):
+  """train.agents='first': the second agent acts (its samples and rewards are in the batch, so
+  its groups keep their statistics) but has no tokens in any loss, and its model stays bit for
+  bit; the first agent's update is exactly that of the run training both (per-agent groups)."""
+  c = _pair_config(models, quiet_below=0)
+  c.train.steps = 1
+  trainer.train(c, str(tmp_path / "both"))
+  c.train.agents = "first"
+  trainer.train(c, str(tmp_path / "first"))
+  both, first = recorded
+  second = first["batch"]["second"].samples
+  assert second.sample_mask.sum() == 8 and not second.token_mask.any()
+  np.testing.assert_array_equal(second.rewards, both["batch"]["second"].samples.rewards)
+  assert second.rewards.any()
+  np.testing.assert_array_equal(first["batch"]["first"].samples.token_mask,
+                                both["batch"]["first"].samples.token_mask)
+  for name, moved in (("first", True), ("second", False)):
+    before, after = (jax.tree.leaves(first[k]["policy"][name]) for k in ("before", "after"))
+    assert any(not np.array_equal(x, y) for x, y in zip(before, after)) == moved, name
+  for x, y in zip(jax.tree.leaves(first["after"]["policy"]["first"]),
+                  jax.tree.leaves(both["after"]["policy"]["first"])):
+    np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+
+
 def _np_values(frozen_base, config, critic, b) -> np.ndarray:
   """Values [n, R] of the states before each response token: NumPy MLP over the hidden states
   of one full forward of the frozen base over prompt + response."""

@@ -104,6 +104,8 @@ def test_end_to_end_outputs(model_dir, tmp_path):
     ("train.tis_cap", 2.0, "config.train.tis_cap=2.0 needs .*recompute_old_logp=True"),
     ("train.learner_temperature", 0.0, "config.train.learner_temperature=0.0; expected a finite"),
     ("train.learner_temperature", 0.5, "differs from the sampling temperature 1.0"),
+    ("train.agents", "writer,critic", r"train.agents='writer,critic' names \['critic'\]; "
+     r"expected comma-separated agents of \['writer'\]"),
 ])
 def test_bad_config_fails_before_compute(model_dir, field, value, message):
   c = toy_task.toy_config(model_dir, steps=1)
