@@ -4,10 +4,16 @@ Answers the questions one asks of a trace file: how many episodes and of which t
 were (events, simulated time), who acted and how, how often tools were called and messages sent,
 what it cost, the mean of every reward channel and metric, and how learned orchestration decisions
 went (`orchestrator_decision` events that carry a `decision`): counts per decision, stop rate,
-premature stops (stopped on a wrong answer while rounds were left), over-runs (continued although
+stops on a wrong answer while rounds were left, premature stops, over-runs (continued although
 the answer was already right), workers spawned per episode and to whom, aggregation quality (how
 often the aggregate was right when some worker was) and the parallelism speedup (the workers'
 total reply length over the longest, the aggregate events' mean).
+
+Premature stop: stopped on a wrong answer while a later round would have fixed it. A stopped
+episode never shows its own later rounds, so the counterfactual is read from its siblings: the
+traces' other episodes of the same task that continued from a wrong answer after the same round.
+A wrong stop is premature when one of them was right in a later round, not premature when they
+all stayed wrong, and unjudged when no sibling continued from there.
 """
 from __future__ import annotations
 
@@ -37,19 +43,32 @@ def summarize(traces: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
   decisions: collections.Counter[str] = collections.Counter()
   flags: collections.Counter[str] = collections.Counter()
   spawned_to: collections.Counter[str] = collections.Counter()
+  # (task_id, round) -> whether a continue from a wrong answer there was right later (any sibling)
+  fixed_after: dict[tuple[str, Any], bool] = {}
+  wrong_stops: list[tuple[str, Any]] = []
   for trace in traces:
     episodes += 1
     tasks[task_name(trace["task_id"])] += 1
     topologies[trace.get("topology", "unspecified")] += 1
     events = trace["events"]
     event_types.update(e["type"] for e in events)
+    decided = [e for e in events if e["type"] == "orchestrator_decision" and "decision" in e]
+    for i, e in enumerate(decided):
+      decisions[e["decision"]] += 1
+      flags["over_run"] += e["decision"] == "continue" and bool(e.get("correct"))
+      at = (trace["task_id"], e.get("round"))
+      if e.get("correct"):
+        continue
+      if e["decision"] == "stop" and e.get("rounds_left", 0) > 0:
+        wrong_stops.append(at)
+      elif e["decision"] == "continue":
+        later = (any(d.get("correct") for d in decided[i + 1:])
+                 or bool(trace.get("metrics", {}).get("task_success")))
+        fixed_after[at] = fixed_after.get(at, False) or later
+        flags["continues_from_wrong"] += 1
+        flags["later_round_fixes"] += later
     for e in events:
-      if e["type"] == "orchestrator_decision" and "decision" in e:
-        decisions[e["decision"]] += 1
-        flags["premature"] += (e["decision"] == "stop" and not e.get("correct")
-                               and e.get("rounds_left", 0) > 0)
-        flags["over_run"] += e["decision"] == "continue" and bool(e.get("correct"))
-      elif e["type"] == "spawn":
+      if e["type"] == "spawn":
         flags["spawned"] += 1
         spawned_to[e.get("to", "unnamed")] += 1
       elif e["type"] == "aggregate" and "any_worker_correct" in e:
@@ -67,6 +86,9 @@ def summarize(traces: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
                            (metrics, trace.get("metrics", {}))):
       for name, value in values.items():
         target[name].append(value)
+  flags["wrong_stops"] = len(wrong_stops)
+  flags["premature"] = sum(fixed_after.get(at, False) for at in wrong_stops)
+  flags["unjudged"] = sum(at not in fixed_after for at in wrong_stops)
   return {
       "episodes": episodes,
       "tasks": dict(sorted(tasks.items())),
@@ -112,8 +134,12 @@ def _decision_stats(decisions: collections.Counter[str], flags: collections.Coun
   out: dict[str, Any] = {"decisions": total, **dict(sorted(decisions.items()))}
   stops, continues = decisions["stop"], decisions["continue"]
   if stops or continues:
-    out.update(stop_rate=stops / (stops + continues), premature_stops=flags["premature"],
+    out.update(stop_rate=stops / (stops + continues), wrong_stops=flags["wrong_stops"],
+               premature_stops=flags["premature"],
                premature_rate=flags["premature"] / stops if stops else None,
+               wrong_stops_unjudged=flags["unjudged"],
+               continues_from_wrong=flags["continues_from_wrong"],
+               later_round_fixes=flags["later_round_fixes"],
                over_runs=flags["over_run"],
                over_run_rate=flags["over_run"] / continues if continues else None)
   if flags["spawned"]:

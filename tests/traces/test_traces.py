@@ -308,6 +308,37 @@ def test_stats_match_hand_computation(episodes):
   json.dumps(summary)
 
 
+def _stop_episode(task: str, decisions: list[tuple[str, bool]], solved: bool, cap: int = 3):
+  """A learned-stop trace: (decision, answer right) after each round, as the workflow records."""
+  events = [{"id": f"e{i}", "t": float(i), "type": "orchestrator_decision", "agent": "coordinator",
+             "decision": d, "correct": right, "round": i + 1, "rounds_left": cap - i - 1}
+            for i, (d, right) in enumerate(decisions)]
+  trace = dict(_minimal(), task_id=task, events=events, edges=[], metrics={
+      "task_success": float(solved)})
+  schema.validate(trace)
+  return trace
+
+
+def test_premature_stops_are_judged_by_siblings_that_continued():
+  """Task a: a wrong stop after round 1 while a sibling continued from a wrong round 1 and was
+  right in round 2: premature. Task b: the sibling that continued stayed wrong: not premature;
+  its own wrong stop after round 2 has no sibling that continued from round 2: unjudged. Task c:
+  a wrong stop with no sibling: unjudged. A right stop and the last round are never wrong stops."""
+  traces = [
+      _stop_episode("math/a", [("stop", False)], False),
+      _stop_episode("math/a", [("continue", False), ("stop", True)], True),
+      _stop_episode("math/b", [("stop", False)], False),
+      _stop_episode("math/b", [("continue", False), ("stop", False)], False),
+      _stop_episode("math/c", [("stop", False)], False),
+      _stop_episode("math/c", [("continue", True), ("continue", True)], True),
+  ]
+  got = stats.summarize(traces)["decisions"]
+  want = dict(decisions=9, stop=5, wrong_stops=4, premature_stops=1, wrong_stops_unjudged=2,
+              continues_from_wrong=2, later_round_fixes=1, over_runs=2)
+  assert {k: got[k] for k in want} == want
+  assert got["premature_rate"] == 1 / 5 and got["over_run_rate"] == 2 / 4
+
+
 def _cli(*args: str, toy_dir: pathlib.Path) -> subprocess.CompletedProcess:
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(_REPO), str(toy_dir)]))
   return subprocess.run([sys.executable, "-m", "experiments.traces", *args], cwd=_REPO, env=env,

@@ -139,9 +139,16 @@ def test_decisions_get_nonzero_correctly_grouped_advantages():
   decided = [s for s in samples if s.agent == "coordinator"]
   stop = sum("#### stop" in s.generation.text for s in decided)
   assert (summary["decisions"], summary["stop"]) == (len(decided), stop)
-  # Premature: stopped after round 1 (still wrong); over-run: continued after round 2 (right).
-  assert summary["premature_stops"] == sum("#### stop" in s.generation.text and s.turn == 0
-                                           for s in decided)
+  # The solver is wrong only in round 1, so every continue after round 1 is fixed in round 2.
+  # A stop after round 1 is wrong; it is premature on a problem where a sibling continued after
+  # round 1, unjudged where none did. Over-run: continued after round 2 (right).
+  first_stops = [s for s in decided if s.turn == 0 and "#### stop" in s.generation.text]
+  continued = {s.problem_id for s in decided if s.turn == 0 and "#### continue" in s.generation.text}
+  assert summary["wrong_stops"] == len(first_stops)
+  assert summary["premature_stops"] == sum(s.problem_id in continued for s in first_stops)
+  assert summary["wrong_stops_unjudged"] == sum(s.problem_id not in continued for s in first_stops)
+  assert summary["continues_from_wrong"] == summary["later_round_fixes"] == sum(
+      s.turn == 0 and "#### continue" in s.generation.text for s in decided)
   assert summary["over_runs"] == sum("#### continue" in s.generation.text and s.turn == 1
                                      for s in decided)
 
