@@ -14,7 +14,9 @@ when the verifier approves is the fixed Dr. MAS loop.
 
 `get_config("[MODELS][,cpu]")`: MODELS `shared` (default: one model, role prompts), `lora` or
 `full` (one per agent). `cpu`: the embedded SmolLM2-135M at the shared CPU preset's sizes
-(2 problems x 2 trajectories, 48-token replies, 2 steps).
+(2 problems x 2 trajectories, 48-token replies, 2 steps). Options RESULTS.md's probes use:
+one-operation problems (`--config.env.kwargs.level=one_step`, where a second round sometimes
+fixes a wrong answer) and RL on the coordinator alone (`--config.train.agents=coordinator`).
 """
 
 from __future__ import annotations
