@@ -84,6 +84,26 @@ def test_cost_zero_recovers_the_fixed_loop():
     assert rewards["coordinator"] == [(-cost * 2, 1.0)] * 6  # 2 decisions x 3 problems
 
 
+@pytest.mark.parametrize("workflow, rounds", [("stop_by_verifier", 2), ("stop_at_cap", CAP)])
+def test_fixed_exit_baselines_ignore_the_coordinator(workflow, rounds):
+  """The learned_stop team with its exit fixed: whatever the coordinator replies (here: always
+  stop, or no decision at all), the loop ends at the verifier's approval (round 2, as the 'drmas'
+  loop) or at the cap; the coordinator is charged round_cost per round and never the format
+  penalty, and its replies are recorded as `continue`."""
+  cost = 0.1
+  for reply in ("stop", "maybe"):
+    result = rollout(_problems(workflow, 2, round_cost=cost),
+                     registry.workflow_spec("math", workflow, max_turns=CAP),
+                     _team(lambda env: reply), None, RolloutConfig(mode="independent", k=1))
+    for episode in result.episodes:
+      assert (episode.solved, episode.turns) == (True, rounds)
+      assert episode.rewards["orchestration"] == pytest.approx(-cost * rounds)
+      assert episode.rewards["agent:coordinator"] == 0.0
+      decided = [e for e in episode.trace["events"] if e["type"] == "orchestrator_decision"
+                 and "decision" in e]
+      assert [e["decision"] for e in decided] == ["continue"] * (rounds - 1)
+
+
 def test_decisions_get_nonzero_correctly_grouped_advantages():
   """2 problems x 4 independent trajectories, a coordinator deciding at random: each decision's
   advantage is the drmas estimator's over its (problem, round) group of coordinator decisions,

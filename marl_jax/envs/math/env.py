@@ -25,6 +25,11 @@ is `solved` (1/0), which the estimators mix in as `alpha * team + local`.
           with rounds left), credited to each of its decisions, beside the team reward.
           With round_cost 0 and a coordinator that stops exactly when the verifier approves,
           every reward equals the 'drmas' episode's.
+'stop_by_verifier', 'stop_at_cap'  the same team and rewards with the exit fixed, the baselines a
+          learned stopper is compared with on its own checkpoint (any layout: the team is the
+          same three agents): the loop ends when the verifier approves (the Dr. MAS rule), or
+          runs to the cap (fixed rounds). The coordinator still replies after each review it is
+          shown, but its reply is not read: the decision is always `continue`.
 'spawn'   learned spawning and aggregation (orchestration O1/O4): a dispatcher replies `#### N`
           to spawn N of `MAX_WORKERS` (4) solvers, each answers on its own in `\\boxed{}`, then an
           aggregator sees their answers and gives the team's final `\\boxed{}` answer (solved).
@@ -383,8 +388,10 @@ class LearnedStopMathEnv(DrMASMathEnv):
   agents = ("solver", "verifier", "coordinator")
 
   def __init__(self, problem: MathProblem, max_loops: int = 3, format_penalty: float = 0.1,
-               round_cost: float = 0.0, premature_penalty: float = 0.0):
+               round_cost: float = 0.0, premature_penalty: float = 0.0,
+               learned: bool = True):
     super().__init__(problem, max_loops, format_penalty)
+    self.learned = learned  # False: the coordinator's reply is not read (a fixed-exit workflow)
     if round_cost < 0 or premature_penalty < 0:
       raise ValueError(f"round_cost and premature_penalty must be >= 0; got {round_cost}, "
                        f"{premature_penalty}")
@@ -427,7 +434,7 @@ class LearnedStopMathEnv(DrMASMathEnv):
       return StepResult(agent, None, {"verifier": -self.format_penalty if invalid else 0.0},
                         False, {"verdict": review, "format_error": invalid})
     self._begin(agent)
-    chosen = decision(response)
+    chosen = decision(response) if self.learned else "continue"
     invalid = chosen is None
     if chosen == "continue":
       self.rejected += (self.review,)

@@ -17,7 +17,7 @@ from marl_jax.envs.math.env import (ATGRPOMathEnv, DelegateMathEnv, DrMASMathEnv
 
 # 'atgrpo' tool -> reasoner (tool replies run in the sandbox), 'drmas' solver <-> verifier loop
 # exiting on approval, 'learned_stop' that loop exiting on a coordinator's learned decision (the
-# cap a safety limit), 'spawn' a dispatcher spawning 1-4 solvers and an aggregator, 'delegate' a
+# cap a safety limit), 'stop_by_verifier' / 'stop_at_cap' that team with the exit fixed, 'spawn' a dispatcher spawning 1-4 solvers and an aggregator, 'delegate' a
 # dispatcher picking which of 4 specialists solve and an aggregator, 'marft' the profiled chain
 # (default roles), 'single' one solver.
 WORKFLOWS = {
@@ -26,6 +26,10 @@ WORKFLOWS = {
                       exit_when=approves),
     "learned_stop": Workflow(LearnedStopMathEnv.agents, kind="loop", max_turns=3,
                              exit_agent="coordinator", exit_when=stops),
+    "stop_by_verifier": Workflow(LearnedStopMathEnv.agents, kind="loop", max_turns=3,
+                                 exit_agent="verifier", exit_when=approves),
+    "stop_at_cap": Workflow(LearnedStopMathEnv.agents, kind="loop", max_turns=3,
+                            exit_agent="coordinator", exit_when=lambda response: False),
     "spawn": Workflow(SpawnMathEnv.agents, kind="spawn", max_turns=1, fixed_turns=True,
                       spawn=spawns, topology="hierarchical"),
     "delegate": Workflow(DelegateMathEnv.agents, kind="spawn", max_turns=1, fixed_turns=True,
@@ -64,14 +68,15 @@ def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,
              latency_cost: float = 0.0, aggregation_bonus: float = 0.0,
              **source: Any) -> _MathEnv:
   """Registry factory, e.g. make_env("math", problem={...}, workflow="drmas"). `max_turns` is the
-  turn cap (atgrpo, default 4), loop cap (drmas, default 2; learned_stop, default 3) or step cap
-  (marft, default 3). `round_cost` and `premature_penalty` price the coordinator's decisions
-  (learned_stop only); `spawn_cost` each spawned solver, `latency_cost` the longest solver reply
+  turn cap (atgrpo, default 4), loop cap (drmas, default 2; learned_stop and its fixed-exit
+  variants, default 3) or step cap (marft, default 3). `round_cost` and `premature_penalty` price
+  the coordinator's decisions (learned_stop and its fixed-exit variants only); `spawn_cost` each spawned solver, `latency_cost` the longest solver reply
   and `aggregation_bonus` rewards an aggregate that kept a right answer (spawn and delegate
   only); refused elsewhere when set."""
   if workflow not in WORKFLOWS:
     raise ValueError(f"unknown math workflow {workflow!r}; expected one of {list(WORKFLOWS)}")
-  if workflow != "learned_stop" and (round_cost or premature_penalty):
+  stopping = ("learned_stop", "stop_by_verifier", "stop_at_cap")
+  if workflow not in stopping and (round_cost or premature_penalty):
     raise ValueError(f"round_cost / premature_penalty price the learned_stop coordinator; "
                      f"workflow {workflow!r} has none (got {round_cost}, {premature_penalty})")
   spawning = dict(spawn_cost=spawn_cost, latency_cost=latency_cost,
@@ -85,8 +90,9 @@ def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,
     return ATGRPOMathEnv(problem, turns)
   if workflow == "drmas":
     return DrMASMathEnv(problem, turns, format_penalty)
-  if workflow == "learned_stop":
-    return LearnedStopMathEnv(problem, turns, format_penalty, round_cost, premature_penalty)
+  if workflow in stopping:
+    return LearnedStopMathEnv(problem, turns, format_penalty, round_cost, premature_penalty,
+                              learned=workflow == "learned_stop")
   if workflow == "spawn":
     return SpawnMathEnv(problem, format_penalty, **spawning)
   if workflow == "delegate":
