@@ -163,7 +163,8 @@ def test_decisions_get_nonzero_correctly_grouped_advantages():
   # A stop after round 1 is wrong; it is premature on a problem where a sibling continued after
   # round 1, unjudged where none did. Over-run: continued after round 2 (right).
   first_stops = [s for s in decided if s.turn == 0 and "#### stop" in s.generation.text]
-  continued = {s.problem_id for s in decided if s.turn == 0 and "#### continue" in s.generation.text}
+  continued = {s.problem_id for s in decided
+               if s.turn == 0 and "#### continue" in s.generation.text}
   assert summary["wrong_stops"] == len(first_stops)
   assert summary["premature_stops"] == sum(s.problem_id in continued for s in first_stops)
   assert summary["wrong_stops_unjudged"] == sum(s.problem_id not in continued for s in first_stops)

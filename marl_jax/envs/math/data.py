@@ -61,9 +61,9 @@ def arithmetic_problem(seed: int, level: str = "multi_step") -> dict[str, str]:
   worked solution (the supervised warm-start's demonstration, `training/sft.py`).
 
   `level` "multi_step": two or three operations, fractions included; "one_step": one addition,
-  subtraction or multiplication of small whole numbers, a task a 135M model solves often enough
-  that a second attempt or a second solver changes the outcome (learned orchestration at CPU
-  scale, RESULTS.md)."""
+  subtraction or multiplication of small whole numbers, which a warm-started 135M team gets
+  right about half the time, so a second attempt can change the outcome (learned orchestration
+  at CPU scale, RESULTS.md)."""
   if level not in LEVELS:
     raise ValueError(f"unknown arithmetic level {level!r}; expected one of {LEVELS}")
   rng = random.Random(seed)

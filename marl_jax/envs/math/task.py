@@ -17,9 +17,10 @@ from marl_jax.envs.math.env import (ATGRPOMathEnv, DelegateMathEnv, DrMASMathEnv
 
 # 'atgrpo' tool -> reasoner (tool replies run in the sandbox), 'drmas' solver <-> verifier loop
 # exiting on approval, 'learned_stop' that loop exiting on a coordinator's learned decision (the
-# cap a safety limit), 'stop_by_verifier' / 'stop_at_cap' that team with the exit fixed, 'spawn' a dispatcher spawning 1-4 solvers and an aggregator, 'delegate' a
-# dispatcher picking which of 4 specialists solve and an aggregator, 'marft' the profiled chain
-# (default roles), 'single' one solver.
+# cap a safety limit), 'stop_by_verifier' / 'stop_at_cap' that team with the exit fixed, 'spawn'
+# a dispatcher spawning 1-4 solvers and an aggregator, 'delegate' a dispatcher picking which of 4
+# specialists solve and an aggregator, 'marft' the profiled chain (default roles), 'single' one
+# solver.
 WORKFLOWS = {
     "atgrpo": Workflow(ATGRPOMathEnv.agents, max_turns=4, tool_agents=frozenset({"tool"})),
     "drmas": Workflow(DrMASMathEnv.agents, kind="loop", max_turns=2, exit_agent="verifier",
@@ -70,9 +71,9 @@ def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,
   """Registry factory, e.g. make_env("math", problem={...}, workflow="drmas"). `max_turns` is the
   turn cap (atgrpo, default 4), loop cap (drmas, default 2; learned_stop and its fixed-exit
   variants, default 3) or step cap (marft, default 3). `round_cost` and `premature_penalty` price
-  the coordinator's decisions (learned_stop and its fixed-exit variants only); `spawn_cost` each spawned solver, `latency_cost` the longest solver reply
-  and `aggregation_bonus` rewards an aggregate that kept a right answer (spawn and delegate
-  only); refused elsewhere when set."""
+  the coordinator's decisions (learned_stop and its fixed-exit variants only); `spawn_cost` each
+  spawned solver, `latency_cost` the longest solver reply and `aggregation_bonus` rewards an
+  aggregate that kept a right answer (spawn and delegate only); refused elsewhere when set."""
   if workflow not in WORKFLOWS:
     raise ValueError(f"unknown math workflow {workflow!r}; expected one of {list(WORKFLOWS)}")
   stopping = ("learned_stop", "stop_by_verifier", "stop_at_cap")
