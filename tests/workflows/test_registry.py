@@ -40,5 +40,6 @@ def test_unknown_names_fail_with_one_line():
     registry.make_env("chess", seed=0)
   with pytest.raises(ValueError, match="unknown workflow 'debate' for environment 'math'; "
                                        "expected one of \\['atgrpo', 'drmas', 'learned_stop', "
-                                       "'spawn', 'delegate', 'marft', 'single'\\]"):
+                                       "'stop_by_verifier', 'stop_at_cap', 'spawn', 'delegate', "
+                                       "'marft', 'single'\\]"):
     registry.workflow_spec("math", "debate")
