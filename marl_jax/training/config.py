@@ -107,10 +107,11 @@ def base_config() -> ml_collections.ConfigDict:
   # serve every sample that shares it (a group's G samples), forward and backward.
   # agent_grad_norms: log `agent/grad_norm/<agent>`, the norm of the gradient of each agent's own
   # loss share (Dr. MAS's instability signal; one extra backward pass per agent).
-  # agents: comma-separated agents that RL trains ("" = all). The others act with the policy they
-  # start from: their samples still enter the advantage statistics, so the trained agents' groups
-  # are unchanged, but carry no tokens into any loss (e.g. `coordinator`: learn a decision over
-  # fixed workers, `trainer.trained_samples`).
+  # agents: comma-separated agents that RL trains ("" = all). The others' samples still enter
+  # the advantage statistics, so the trained agents' groups are unchanged, but carry no tokens
+  # into any loss (e.g. `coordinator`: learn a decision over fixed workers,
+  # `trainer.trained_samples`). Their own models (per-role layouts) get zero gradient; AdamW's
+  # decoupled weight decay still applies to them unless optim.weight_decay = 0.
   c.train = ml_collections.ConfigDict(dict(steps=200, micro_batches=1, remat=False, agents="",
                                            logits_chunk=config_dict.placeholder(int),
                                            share_prompts=False,
