@@ -6,14 +6,29 @@ compact prompts (the plan agent sees the tool's output, not its program), and a 
 warm-start before RL (`training/sft.py`): each role first learns its part of the protocol from
 the env's demonstrations (the tool agent a BFS program over the grid, the plan agent the checked
 answer), so that RL starts from replies that parse; then one AT-GRPO step.
+
+Schedules of the cpu run (a second preset option, default `main`):
+  main  the README's main job: 8 warm-start steps, then one RL step. The warm-started team is
+        nearly deterministic (token entropy 0.006-0.04), so its RL step has no within-group
+        variance and a zero gradient (RESULTS.md).
+  rl    the RL comparison of the game table's rows: 4 warm-start steps, which leave the team's
+        sampled replies varied (some programs fail, some answers are wrong), then 8 RL steps of
+        4 problems x K = 4 at lr 5e-5, evaluated every 4 steps.
 """
 
-from configs.atgrpo_games import game_config, parse_game_preset
+from configs.atgrpo_games import VARIANTS, game_config
+from configs.common import parse_preset
+
+SCHEDULES = ("main", "rl")
 
 
 def get_config(preset: str | None = None):
-  variant, cpu = parse_game_preset(preset)
+  choice, cpu = parse_preset(preset, {"variant": VARIANTS, "schedule": SCHEDULES})
+  variant, schedule = choice["variant"], choice["schedule"]
   if not cpu:
+    if schedule != "main":
+      raise ValueError(f"config preset {preset!r}: the {schedule!r} schedule is a cpu schedule; "
+                       "add 'cpu'")
     return game_config("plan_path", dict(height=10, width=10, block_ratio=0.22), 4, variant, cpu)
   c = game_config("plan_path", dict(height=4, width=4, prompt="compact"), 1, variant, cpu)
   c.sampling.max_new_tokens = 256  # the tool agent's search program is about 240 tokens
@@ -27,4 +42,10 @@ def get_config(preset: str | None = None):
   # this CPU keeping every activation was slower, not faster (8 rows of 256 + 256 tokens: 35.4 s
   # per step at 13.7 GB peak RSS vs 32.5 s at 4.8 GB), and it took the job to 22.7 GB.
   c.train.steps = 1
+  if schedule == "rl":
+    c.name += "_rl"
+    c.sft.steps = 4
+    c.train.steps, c.eval.every = 8, 4
+    c.rollout.problems_per_step, c.rollout.k = 4, 4
+    c.optim.lr = 5e-5
   return c

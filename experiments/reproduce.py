@@ -13,7 +13,9 @@ warm-start) and writes one evaluation per column (`eval/step<N>.json`, or
 `eval/<split>_step<N>.json` when a column names its own evaluation set).
 
 At cpu scale every missing cell runs on the embedded model with generated problems (the columns
-that need the papers' datasets are replaced by one generated-problem column per config). At paper
+that need the papers' datasets are replaced by one generated-problem column per config);
+`--options=rl` adds preset options to every cell (`ROW,cpu,rl`: the Plan-Path RL comparison
+schedule), in workdirs `<config>_<row>_rl_seed<s>` and a report `<table>_cpu_rl.md`. At paper
 scale nothing runs: the exact train and evaluate command of every missing cell is printed (the
 papers' data read from `--data_dir` under the file names in PAPER_DATA) and finished runs are
 collected. With `--seeds=N` a cell is the mean +- standard error over seeds 0..N-1. Writes
@@ -206,12 +208,22 @@ _DATA_DIR = flags.DEFINE_string("data_dir", None, "Paper scale: directory with t
                                 "files named as in PAPER_DATA.")
 _PAPER_MODEL = flags.DEFINE_string("paper_model", None, "Which paper model's numbers to print "
                                    "beside ours (default: the table's first).")
+_OPTIONS = flags.DEFINE_list("options", [], "Cpu scale: preset options added to every cell's "
+                             "`ROW,cpu` (e.g. `rl`: atgrpo_games on plan_path with the RL "
+                             "comparison schedule, configs/atgrpo_plan_path.py). The cells get "
+                             "their own workdirs and report.")
 _COLLECT_ONLY = flags.DEFINE_bool("collect_only", False, "Only collect existing evaluations.")
 flags.mark_flag_as_required("root")
 
 
-def workdir(root: str, table: str, config: str, row: str, seed: int) -> str:
-  return os.path.join(root, table, f"{config}_{row}_seed{seed}")
+def workdir(root: str, table: str, config: str, row: str, seed: int,
+            options: tuple[str, ...] = ()) -> str:
+  return os.path.join(root, table, "_".join((config, row, *options, f"seed{seed}")))
+
+
+def cpu_preset(row: str, options: tuple[str, ...]) -> str:
+  """The config preset of a cpu-scale cell."""
+  return ",".join((row, "cpu", *options))
 
 
 def cell_value(column: Column, result: dict | None) -> float | None:
@@ -265,11 +277,24 @@ def _module(config: str):
   return __import__(f"configs.{config}", fromlist=["get_config"])
 
 
-def _run_cell(table: Table, column: Column, row: str, seed: int, path: str) -> None:
+def _check_presets(columns: tuple[Column, ...], rows: tuple[str, ...],
+                   options: tuple[str, ...]) -> None:
+  """Every cell's cpu preset exists (before any cell runs)."""
+  for column in columns:
+    for row in rows:
+      try:
+        _module(column.config).get_config(cpu_preset(row, options))
+      except ValueError as e:
+        raise UserInputError(f"--options={','.join(options)}: configs/{column.config}.py: "
+                             f"{e}") from None
+
+
+def _run_cell(table: Table, column: Column, row: str, seed: int, path: str,
+              options: tuple[str, ...]) -> None:
   """Trains (once per workdir) and evaluates one cell at cpu scale."""
   from marl_jax.training import trainer
   from marl_jax.training.checkpoint import saved_steps
-  config = _module(column.config).get_config(f"{row},cpu")
+  config = _module(column.config).get_config(cpu_preset(row, options))
   config.seed = seed
   if _MODEL.value:
     config.model = _MODEL.value
@@ -302,6 +327,12 @@ def main(argv):
       raise UserInputError(f"--games applies to --table=atgrpo_games only; got --table={name}")
     picked = _selected("games", _GAMES.value, GAMES)
   columns = tuple(c for c in columns if c.name in picked)
+  options = tuple(_OPTIONS.value)
+  if options and paper_scale:
+    raise UserInputError(f"--options={','.join(options)} applies to --scale=cpu only (paper scale "
+                         "prints each cell's command: add overrides there)")
+  if options:
+    _check_presets(columns, rows, options)
   if _SEEDS.value < 1:
     raise UserInputError(f"--seeds={_SEEDS.value}; expected an integer >= 1")
   if os.path.exists(_ROOT.value) and not os.path.isdir(_ROOT.value):
@@ -317,13 +348,13 @@ def main(argv):
     for column in columns:
       values = []
       for seed in range(_SEEDS.value):
-        path = workdir(_ROOT.value, name, column.config, row, seed)
+        path = workdir(_ROOT.value, name, column.config, row, seed, options)
         result = eval_results.latest(path, column.split)
         if result is None and paper_scale:
           todo += commands(name, column, row, seed, _ROOT.value, _MODEL.value, _DATA_DIR.value,
                            row in table.eval_only)
         elif result is None and not _COLLECT_ONLY.value:
-          _run_cell(table, column, row, seed, path)
+          _run_cell(table, column, row, seed, path, options)
           result = eval_results.latest(path, column.split)
         value = cell_value(column, result)
         if value is not None:
@@ -336,10 +367,11 @@ def main(argv):
   headers = ["row"] + [f"{c.name} ({w})" for c in columns
                        for w in (("ours", "paper") if paper else ("ours",))]
   os.makedirs(_ROOT.value, exist_ok=True)
-  stem = os.path.join(_ROOT.value, f"{name}_{_SCALE.value}")
+  stem = os.path.join(_ROOT.value, "_".join((name, _SCALE.value, *options)))
   markdown = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
   markdown += ["| " + " | ".join(str(r.get(h, "-")) for h in headers) + " |" for r in lines]
-  title = (f"{table.title}: ours ({_SCALE.value} scale, {_SEEDS.value} seed(s)"
+  scale = ",".join((_SCALE.value, *options))
+  title = (f"{table.title}: ours ({scale} scale, {_SEEDS.value} seed(s)"
            + (f") vs paper ({paper_model})" if paper else ")"))
   text = "\n".join([title, "", *markdown, *([f"\n{table.note}"] if table.note else [])]) + "\n"
   with open(stem + ".md", "w") as f:

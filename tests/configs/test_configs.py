@@ -20,7 +20,7 @@ import math
 import pytest
 
 import toy_task
-from configs import atgrpo_games, common, orchestration_spawn
+from configs import atgrpo_games, atgrpo_plan_path, common, orchestration_spawn
 from marl_jax.envs.code import data as code_data
 from marl_jax.envs.search import task as search_task
 from marl_jax.envs.writing import data as writing_data
@@ -54,14 +54,18 @@ AXES = {
 FILES = tuple(AXES)
 # The AT-GRPO game files share the game table's axis (the plan_path cpu run: tests/training).
 GAME_AXES = {f"atgrpo_{game}": {"variant": atgrpo_games.VARIANTS}
-             for game in ("plan_path", "sokoban", "sudoku")}
+             for game in ("sokoban", "sudoku")}
+# Plan-Path's cpu run also has a schedule: the main job, or the RL comparison (cpu only).
+GAME_AXES["atgrpo_plan_path"] = {"variant": atgrpo_games.VARIANTS,
+                                 "schedule": atgrpo_plan_path.SCHEDULES}
 
 
 def _presets():
   for name, axes in {**AXES, **GAME_AXES}.items():
     for options in itertools.product(*axes.values()):
       for cpu in ((), ("cpu",)):
-        yield name, ",".join(options + cpu)
+        if cpu or "rl" not in options:
+          yield name, ",".join(options + cpu)
 
 
 def _config(name: str, preset: str | None):
@@ -83,13 +87,16 @@ def test_every_preset_builds(name, preset):
   assert spec.num_policies == (len(spec.agents) if c.policy.per_role else 1)
   if "cpu" in preset.split(","):
     assert c.model == "smollm2-135m-instruct"
-    assert (c.rollout.problems_per_step, c.rollout.k) == (2, 2)
-    if name == "atgrpo_plan_path":  # the main job: compact prompts, a warm-start, one RL step
+    rl = "rl" in preset.split(",")
+    assert (c.rollout.problems_per_step, c.rollout.k) == ((4, 4) if rl else (2, 2))
+    if name == "atgrpo_plan_path":  # compact prompts and a warm-start, then the schedule's RL
       assert c.sampling.max_new_tokens == 256 and c.env.kwargs.prompt == "compact"
       lr = 3e-3 if c.policy.kind == "lora" else 3e-4  # adapters warm-start at 10x
-      assert (c.sft.steps, c.sft.problems_per_step, c.sft.lr) == (8, 4, lr)
+      assert (c.sft.steps, c.sft.problems_per_step, c.sft.lr) == ((4 if rl else 8), 4, lr)
       assert c.eval.num_problems == 16 and c.eval.at_start
-      assert c.train.steps == 1
+      # main: one RL step (the README's job); rl: 8 steps at lr 5e-5, evaluated every 4
+      assert (c.train.steps, c.eval.every, c.optim.lr) == ((8, 4, 5e-5) if rl else (1, 2, 1e-5))
+      assert c.name.endswith("_rl") == rl
     else:
       assert 32 <= c.sampling.max_new_tokens <= 64 and c.sft.steps == 0
       assert c.eval.num_problems <= 4 and not c.eval.at_start and c.eval.every == 2
@@ -188,6 +195,8 @@ def test_variants(name, preset, want):
     ("magrpo_arxiv", "full,cpu,gpu", "unknown option 'gpu'"),
     ("atgrpo_sudoku", "mas_shared,single", "a second variant"),
     ("atgrpo_plan_path", "cpu,gpu", "unknown option 'gpu'"),
+    ("atgrpo_plan_path", "mas_grpo,rl", "the 'rl' schedule is a cpu schedule; add 'cpu'"),
+    ("atgrpo_sokoban", "mas_shared,cpu,rl", "unknown option 'rl'"),
 ])
 def test_bad_presets_name_the_options(name, preset, message):
   with pytest.raises(ValueError, match=message):

@@ -15,10 +15,10 @@ from marl_jax.training import eval_results
 from entry_points import error_line, run
 
 
-def _write_eval(root, table, config, row, seed, values, split=None):
+def _write_eval(root, table, config, row, seed, values, split=None, options=()):
   """A finished evaluation as experiments.evaluate leaves it (step 2), and an older one (step 1)
   that collection must skip."""
-  path = reproduce.workdir(str(root), table, config, row, seed)
+  path = reproduce.workdir(str(root), table, config, row, seed, options)
   prefix = split or "eval"
   for step, scale in ((1, 0.5), (2, 1.0)):
     eval_results.write(path, step, split, {"config": f"{config}_{row}", "step": step,
@@ -82,6 +82,25 @@ def test_collects_finished_runs_with_standard_errors(tmp_path):
   assert "command(s) to run" not in result.stdout
 
 
+def test_preset_options_have_their_own_cells_and_report(tmp_path):
+  """`--options=rl` collects the `ROW,cpu,rl` cells only, into their own report; the same row's
+  cells without the option are not mixed in."""
+  for seed, acc in enumerate((0.25, 0.5)):
+    _write_eval(tmp_path, "atgrpo_games", "atgrpo_plan_path", "mas_grpo", seed,
+                {"accuracy": acc}, options=("rl",))
+    _write_eval(tmp_path, "atgrpo_games", "atgrpo_plan_path", "mas_grpo", seed,
+                {"accuracy": 1.0})
+  result = run("reproduce", "--table=atgrpo_games", "--scale=cpu", f"--root={tmp_path}",
+               "--seeds=2", "--rows=mas_grpo", "--games=plan_path", "--options=rl",
+               "--collect_only")
+  assert result.returncode == 0, result.stderr
+  assert "ours (cpu,rl scale, 2 seed(s))" in result.stdout
+  assert "| MAS + GRPO groups (ablation) | 37.50 +- 12.50 | - |" in result.stdout
+  assert (tmp_path / "atgrpo_games_cpu_rl.md").is_file()
+  assert not (tmp_path / "atgrpo_games_cpu.md").exists()
+  assert reproduce.cpu_preset("mas_grpo", ("rl",)) == "mas_grpo,cpu,rl"
+
+
 def test_paper_scale_counts_the_local_evaluation_rows(tmp_path):
   """With the evaluation file present, the command evaluates each of its rows once."""
   (tmp_path / "data").mkdir()
@@ -102,3 +121,9 @@ def test_bad_flags_are_one_line(tmp_path):
              "--columns has unknown entries ['code']")
   error_line(run("reproduce", f"--root={tmp_path}", "--seeds=0"), "--seeds=0")
   error_line(run("reproduce", f"--root={tmp_path}", "--paper_model=gpt"), "--paper_model='gpt'")
+  error_line(run("reproduce", f"--root={tmp_path}", "--games=sokoban", "--options=rl"),
+             "--options=rl: configs/atgrpo_sokoban.py: config preset 'single,cpu,rl': unknown "
+             "option 'rl'")
+  error_line(run("reproduce", f"--root={tmp_path}", "--scale=paper", "--options=rl"),
+             "--options=rl applies to --scale=cpu only")
+  assert not any(tmp_path.iterdir())  # refused before any cell ran
