@@ -94,8 +94,8 @@ def test_every_preset_builds(name, preset):
       lr = 3e-3 if c.policy.kind == "lora" else 3e-4  # adapters warm-start at 10x
       assert (c.sft.steps, c.sft.problems_per_step, c.sft.lr) == ((4 if rl else 8), 4, lr)
       assert c.eval.num_problems == 16 and c.eval.at_start
-      # main: one RL step (the README's job); rl: 8 steps at lr 5e-5, evaluated every 4
-      assert (c.train.steps, c.eval.every, c.optim.lr) == ((8, 4, 5e-5) if rl else (1, 2, 1e-5))
+      # main: one RL step (the README's job); rl: 8 steps at lr 2e-5, evaluated every 4
+      assert (c.train.steps, c.eval.every, c.optim.lr) == ((8, 4, 2e-5) if rl else (1, 2, 1e-5))
       assert c.name.endswith("_rl") == rl
     else:
       assert 32 <= c.sampling.max_new_tokens <= 64 and c.sft.steps == 0
