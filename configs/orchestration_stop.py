@@ -12,9 +12,13 @@ Everything else as `configs/drmas_math.py` (K = 8 independent trajectories per q
 Qwen3-4B: pass `--config.model=/path/to/Qwen3-4B`); round_cost 0 with a coordinator that stops
 when the verifier approves is the fixed Dr. MAS loop.
 
-`get_config("[MODELS][,cpu]")`: MODELS `shared` (default: one model, role prompts), `lora` or
-`full` (one per agent). `cpu`: the embedded SmolLM2-135M at the shared CPU preset's sizes
-(2 problems x 2 trajectories, 48-token replies, 2 steps). Options RESULTS.md's probes use:
+`get_config("[MODELS][,REVIEW][,cpu]")`: MODELS `shared` (default: one model, role prompts),
+`lora` or `full` (one per agent); REVIEW `verifier` (default: the Dr. MAS verifier reviews each
+answer) or `program` (the `learned_stop_checked` workflow: a checker's program, run in the
+sandbox, reviews it, and the warm-start demonstrates no stop rule; fixed exits for its baselines:
+`--config.env.workflow=stop_by_check` or `stop_at_cap_checked`). `cpu`: the embedded
+SmolLM2-135M at the shared CPU preset's sizes (2 problems x 2 trajectories, 48-token replies,
+2 steps). Options RESULTS.md's probes use:
 one-operation problems (`--config.env.kwargs.level=one_step`, where a second round sometimes
 fixes a wrong answer) and RL on the coordinator alone (`--config.train.agents=coordinator`).
 """
@@ -25,11 +29,13 @@ from configs import common
 
 
 def get_config(preset: str | None = None):
-  choice, cpu = common.parse_preset(preset, {"models": common.MODELS})
+  choice, cpu = common.parse_preset(preset, {"models": common.MODELS,
+                                             "review": ("verifier", "program")})
   c = common.drmas_config("math", "drmas", model="qwen3-4b", max_turns=3, questions=32, k=8,
                           entropy_coef=0.0)
-  c.name = f"orchestration_stop_math_{choice['models']}"
-  c.env.workflow = "learned_stop"
+  checked = choice["review"] == "program"
+  c.name = f"orchestration_stop_math_{choice['models']}" + ("_checked" if checked else "")
+  c.env.workflow = "learned_stop_checked" if checked else "learned_stop"
   c.algo.group_by = "problem_turn_agent"
   common.apply_models(c, choice["models"])
   common.data_fields(c, **common.MATH_DATA)

@@ -30,6 +30,15 @@ is `solved` (1/0), which the estimators mix in as `alpha * team + local`.
           same three agents): the loop ends when the verifier approves (the Dr. MAS rule), or
           runs to the cap (fixed rounds). The coordinator still replies after each review it is
           shown, but its reply is not read: the decision is always `continue`.
+'learned_stop_checked'  'learned_stop' with a program check in place of the verifier: a
+          checker writes a Python program for the problem (it runs in the sandbox), the
+          coordinator reads whether the proposed answer matches what the program printed and
+          decides `#### stop` or `#### continue`. Rewards as 'learned_stop' (the checker's local
+          reward: the format penalty when its program prints no answer). Its warm-start
+          demonstrates no stop rule: the coordinator's demonstrated decision is picked by the
+          question's CRC-32 and the round, so RL, not the warm-start, learns when to stop.
+'stop_by_check', 'stop_at_cap_checked'  that team with the exit fixed: stop when the answer
+          matches the program's output, or run to the cap; the coordinator's reply is not read.
 'spawn'   learned spawning and aggregation (orchestration O1/O4): a dispatcher replies `#### N`
           to spawn N of `MAX_WORKERS` (4) solvers, each answers on its own in `\\boxed{}`, then an
           aggregator sees their answers and gives the team's final `\\boxed{}` answer (solved).
@@ -90,6 +99,14 @@ COORDINATOR_SYSTEM = (
     "You coordinate a math team: a solver proposed an answer and a verifier reviewed it. Decide "
     "whether to stop with this answer or let them try another round; every round costs time. "
     "End your reply with `#### stop` or `#### continue`.")
+CHECKER_SYSTEM = (
+    "You check math answers with a program. Write one self-contained Python program in a "
+    "```python block that computes the answer to the problem from its numbers and prints only "
+    "the result.")
+CHECKED_COORDINATOR_SYSTEM = (
+    "You coordinate a math team: a solver proposed an answer and a checker computed the answer "
+    "with a program. Decide whether to stop with this answer or let the solver try another "
+    "round; every round costs time. End your reply with `#### stop` or `#### continue`.")
 DISPATCHER_SYSTEM = (
     "You dispatch a math problem to parallel solvers. More solvers give the aggregator more "
     "answers to compare but cost more. End your reply with `#### N`, the number of solvers "
@@ -152,6 +169,19 @@ class MathProblem:
   def demonstration(self) -> str:
     """A correct solver reply: the worked steps, then the answer in `\\boxed{}`."""
     return f"{self.solution}\nThe answer is \\boxed{{{self.answer}}}.".lstrip()
+
+  def program(self) -> str | None:
+    """A program that computes the answer from the problem's numbers: the worked solution's
+    first expression (the text before its first ` = `), printed; with a division, every whole
+    number becomes a `Fraction` so the result prints exactly (`75/2`, not `37.5`). None when
+    the problem has no worked solution (file problems without one)."""
+    expression = self.solution.split(" = ")[0].strip()
+    if not expression:
+      return None
+    if "/" in expression:
+      expression = re.sub(r"\d+", lambda m: f"Fraction({m.group()})", expression)
+      return f"```python\nfrom fractions import Fraction\nprint({expression})\n```"
+    return f"```python\nprint({expression})\n```"
 
   def mistake(self) -> str | None:
     """A wrong solver reply shaped like `demonstration`: the worked steps with a wrong final
@@ -434,7 +464,7 @@ class LearnedStopMathEnv(DrMASMathEnv):
       return StepResult(agent, None, {"verifier": -self.format_penalty if invalid else 0.0},
                         False, {"verdict": review, "format_error": invalid})
     self._begin(agent)
-    chosen = decision(response) if self.learned else "continue"
+    chosen = decision(response) if self.learned else self._fixed_decision()
     invalid = chosen is None
     if chosen == "continue":
       self.rejected += (self.review,)
@@ -451,6 +481,81 @@ class LearnedStopMathEnv(DrMASMathEnv):
     """The coordinator's orchestration reward, settled at the end (envs/base.py)."""
     return {"coordinator": 0.0 - self.round_cost * self.rounds
             - self.premature_penalty * float(self.premature)}
+
+  def _fixed_decision(self) -> str:
+    """The decision of a fixed-exit workflow: 'continue' (the verifier rule exits through the
+    workflow, on the verifier's approval; the cap never stops early)."""
+    return "continue"
+
+
+class CheckedStopMathEnv(LearnedStopMathEnv):
+  """The 'learned_stop_checked' workflow and its fixed exits (module doc): the learned-stop
+  loop with a checker whose program, run in the sandbox, gives the coordinator a review it can
+  trust more than a 135M verifier's (RESULTS.md: that verifier barely tells right from wrong).
+  `exit`: 'learned' (the coordinator decides), 'check' (stop when the answer matches the
+  program's output) or 'cap' (always continue)."""
+
+  agents = ("solver", "checker", "coordinator")
+  EXITS = ("learned", "check", "cap")
+
+  def __init__(self, problem: MathProblem, max_loops: int = 3, format_penalty: float = 0.1,
+               round_cost: float = 0.0, premature_penalty: float = 0.0, exit: str = "learned"):
+    if exit not in self.EXITS:
+      raise ValueError(f"unknown exit {exit!r}; expected one of {self.EXITS}")
+    super().__init__(problem, max_loops, format_penalty, round_cost, premature_penalty,
+                     learned=exit == "learned")
+    self.exit = exit
+    self.check: str | None = None  # what the checker's program printed this round
+    self.match = False  # the proposed answer equals it
+
+  def observe(self, agent: str) -> Observation:
+    self._check_agent(agent)
+    task = self._task()
+    if agent == "checker":
+      return Observation(agent, self.turn, CHECKER_SYSTEM, task)
+    if agent == "solver":
+      if self.rejected:
+        task += (f"\nYour previous solution:\n{truncate(self.solution, _MAX_SHOWN)}\nA checker "
+                 f"reviewed it:\n{truncate(self.rejected[-1], 1500)}\nThe coordinator asked "
+                 "for another round. Solve the problem again.")
+      return Observation(agent, self.turn, SOLVER_SYSTEM, task)
+    left = self.max_turns - self.turn - 1
+    return Observation(agent, self.turn, CHECKED_COORDINATOR_SYSTEM,
+                       f"{task}\nProposed solution:\n{truncate(self.solution, 1500)}\n"
+                       f"Checker's review:\n{self.review}\nRounds left after this one: {left}.")
+
+  def demonstration(self, agent: str) -> str | None:
+    """The solver's worked solution; the checker's program (`MathProblem.program`); the
+    coordinator's decision picked by the CRC-32 of the question and the round, independent of
+    the answer, so the warm-start teaches the reply's format and leaves the rule to RL. (The
+    warm-start keeps only solved episodes, so after a wrong answer it keeps only `continue`.)"""
+    self._check_agent(agent)
+    if agent == "checker":
+      return self.problem.program()
+    if agent == "coordinator":
+      pick = zlib.crc32(f"{self.problem.question}|{self.rounds}".encode()) % 2
+      return f"#### {('stop', 'continue')[pick]}"
+    return super().demonstration(agent)
+
+  def step(self, agent: str, response: str, *, tool_output: str | None = None) -> StepResult:
+    if agent != "checker":
+      return super().step(agent, response, tool_output=tool_output)
+    self._begin(agent)
+    if not isinstance(tool_output, str):
+      raise ValueError("the checker's step needs its program's stdout as tool_output (str); "
+                       f"got {type(tool_output).__name__}")
+    code = extract_code(response) or ""
+    self.check = math_answers.program_answer(tool_output) if code else None
+    self.match = self.check is not None and math_answers.is_equiv(self.answer, self.check)
+    self.review = (f"```python\n{truncate(code.strip(), 1000)}\n```\nThe program printed: "
+                   f"{truncate(str(self.check), 200)}. The proposed answer {self.answer} "
+                   f"{'matches' if self.match else 'does not match'} it.")
+    invalid = self.check is None
+    return StepResult(agent, None, {"checker": -self.format_penalty if invalid else 0.0}, False,
+                      {"check": self.check, "match": self.match, "format_error": invalid})
+
+  def _fixed_decision(self) -> str:
+    return "stop" if self.exit == "check" and self.match else "continue"
 
 
 class SpawnMathEnv(_MathEnv):

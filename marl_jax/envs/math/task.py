@@ -10,14 +10,16 @@ from typing import Any
 from marl_jax.envs.base import Task, Workflow
 from marl_jax.envs.data import file_rows
 from marl_jax.envs.math import data as math_data
-from marl_jax.envs.math.env import (ATGRPOMathEnv, DelegateMathEnv, DrMASMathEnv,
-                                    LearnedStopMathEnv, MARFTMathEnv, MathProblem,
+from marl_jax.envs.math.env import (ATGRPOMathEnv, CheckedStopMathEnv, DelegateMathEnv,
+                                    DrMASMathEnv, LearnedStopMathEnv, MARFTMathEnv, MathProblem,
                                     SingleMathEnv, SpawnMathEnv, _MathEnv, approves, delegates,
                                     spawns, stops)
 
 # 'atgrpo' tool -> reasoner (tool replies run in the sandbox), 'drmas' solver <-> verifier loop
 # exiting on approval, 'learned_stop' that loop exiting on a coordinator's learned decision (the
-# cap a safety limit), 'stop_by_verifier' / 'stop_at_cap' that team with the exit fixed, 'spawn'
+# cap a safety limit), 'stop_by_verifier' / 'stop_at_cap' that team with the exit fixed,
+# 'learned_stop_checked' the loop with a program checker (its replies run in the sandbox) and its
+# fixed exits 'stop_by_check' / 'stop_at_cap_checked', 'spawn'
 # a dispatcher spawning 1-4 solvers and an aggregator, 'delegate' a dispatcher picking which of 4
 # specialists solve and an aggregator, 'marft' the profiled chain (default roles), 'single' one
 # solver.
@@ -31,6 +33,13 @@ WORKFLOWS = {
                                  exit_agent="verifier", exit_when=approves),
     "stop_at_cap": Workflow(LearnedStopMathEnv.agents, kind="loop", max_turns=3,
                             exit_agent="coordinator", exit_when=lambda response: False),
+    "learned_stop_checked": Workflow(CheckedStopMathEnv.agents, kind="loop", max_turns=3,
+                                     exit_agent="coordinator", exit_when=stops,
+                                     tool_agents=frozenset({"checker"})),
+    **{name: Workflow(CheckedStopMathEnv.agents, kind="loop", max_turns=3,
+                      exit_agent="coordinator", exit_when=lambda response: False,
+                      tool_agents=frozenset({"checker"}))
+       for name in ("stop_by_check", "stop_at_cap_checked")},
     "spawn": Workflow(SpawnMathEnv.agents, kind="spawn", max_turns=1, fixed_turns=True,
                       spawn=spawns, topology="hierarchical"),
     "delegate": Workflow(DelegateMathEnv.agents, kind="spawn", max_turns=1, fixed_turns=True,
@@ -76,7 +85,9 @@ def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,
   aggregate that kept a right answer (spawn and delegate only); refused elsewhere when set."""
   if workflow not in WORKFLOWS:
     raise ValueError(f"unknown math workflow {workflow!r}; expected one of {list(WORKFLOWS)}")
-  stopping = ("learned_stop", "stop_by_verifier", "stop_at_cap")
+  checked = {"learned_stop_checked": "learned", "stop_by_check": "check",
+             "stop_at_cap_checked": "cap"}
+  stopping = ("learned_stop", "stop_by_verifier", "stop_at_cap", *checked)
   if workflow not in stopping and (round_cost or premature_penalty):
     raise ValueError(f"round_cost / premature_penalty price the learned_stop coordinator; "
                      f"workflow {workflow!r} has none (got {round_cost}, {premature_penalty})")
@@ -91,6 +102,9 @@ def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,
     return ATGRPOMathEnv(problem, turns)
   if workflow == "drmas":
     return DrMASMathEnv(problem, turns, format_penalty)
+  if workflow in checked:
+    return CheckedStopMathEnv(problem, turns, format_penalty, round_cost, premature_penalty,
+                              exit=checked[workflow])
   if workflow in stopping:
     return LearnedStopMathEnv(problem, turns, format_penalty, round_cost, premature_penalty,
                               learned=workflow == "learned_stop")
