@@ -27,10 +27,11 @@ from __future__ import annotations
 
 from configs import common
 
+REVIEWS = ("verifier", "program")  # who reviews each answer for the coordinator
+
 
 def get_config(preset: str | None = None):
-  choice, cpu = common.parse_preset(preset, {"models": common.MODELS,
-                                             "review": ("verifier", "program")})
+  choice, cpu = common.parse_preset(preset, {"models": common.MODELS, "review": REVIEWS})
   c = common.drmas_config("math", "drmas", model="qwen3-4b", max_turns=3, questions=32, k=8,
                           entropy_coef=0.0)
   checked = choice["review"] == "program"

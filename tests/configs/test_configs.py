@@ -20,7 +20,8 @@ import math
 import pytest
 
 import toy_task
-from configs import atgrpo_games, atgrpo_plan_path, common, orchestration_spawn
+from configs import (atgrpo_games, atgrpo_plan_path, common, orchestration_spawn,
+                     orchestration_stop)
 from marl_jax.envs.code import data as code_data
 from marl_jax.envs.search import task as search_task
 from marl_jax.envs.writing import data as writing_data
@@ -47,7 +48,7 @@ AXES = {
        for name in ("drmas_math", "drmas_search")},
     **{name: {"estimator": common.MAGRPO_ESTIMATORS, "models": _module(name).MODELS}
        for name in ("magrpo_tldr", "magrpo_arxiv", "magrpo_humaneval")},
-    "orchestration_stop": {"models": common.MODELS},
+    "orchestration_stop": {"models": common.MODELS, "review": orchestration_stop.REVIEWS},
     "orchestration_spawn": {"decision": tuple(orchestration_spawn.DECISIONS),
                             "models": common.MODELS},
 }

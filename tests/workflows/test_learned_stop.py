@@ -1,15 +1,19 @@
-"""Learned stopping (issue: learned orchestration, decision O5): the math 'learned_stop' workflow.
+"""Learned stopping (issue: learned orchestration, decision O5): the math 'learned_stop' workflow
+and 'learned_stop_checked', where a checker's program (run in the sandbox) reviews each answer.
 
 The coordinator's decisions are samples like any other: each lands in its own (problem, round,
 coordinator) group and is credited with the episode it led to, team reward (alpha 1) minus
 round_cost x rounds. Expected rewards and advantages are derived here from the decisions the
 scripted team made (never from the env's reward code); with round_cost 0 a coordinator that stops
-when the verifier approves gives exactly the fixed Dr. MAS loop's rewards.
+when the verifier approves (the checker's output matches) gives exactly the fixed loop's rewards.
 """
 
 from __future__ import annotations
 
+import fractions
 import random
+import subprocess
+import sys
 from collections import defaultdict
 
 import numpy as np
@@ -27,9 +31,10 @@ from marl_jax.workflows.rollout import Generation, Problem, RolloutConfig, rollo
 CAP = 3
 
 
-def _team(coordinator):
+def _team(coordinator, checker_code=None):
   """Solver wrong in round 1 and right from round 2; the verifier approves exactly the right
-  answers; `coordinator(env) -> 'stop' | 'continue'`. Reads the state behind each prompt."""
+  answers; the checker's program prints the true answer (or `checker_code`);
+  `coordinator(env) -> 'stop' | 'continue'`. Reads the state behind each prompt."""
 
   def generate(requests, policy_id, params):
     del policy_id, params
@@ -42,6 +47,9 @@ def _team(coordinator):
       elif r.agent == "verifier":
         tag = "approve" if env.final_correct else "reject"
         out.append(Generation(f"Checked. <verify>{tag}</verify>"))
+      elif r.agent == "checker":
+        code = checker_code or f"print({env.problem.answer})"
+        out.append(Generation(f"```python\n{code}\n```"))
       else:
         out.append(Generation(f"Decision: #### {coordinator(env)}"))
     return out
@@ -56,6 +64,16 @@ def _problems(workflow, n, **kwargs):
 
 def _follow_verifier(env):
   return "stop" if "<verify>approve" in env.review else "continue"
+
+
+def _follow_check(env):
+  return "stop" if env.review.endswith(" matches it.") else "continue"
+
+
+def _rollout(workflow, coordinator, n=3, k=1, checker_code=None, **kwargs):
+  return rollout(_problems(workflow, n, **kwargs),
+                 registry.workflow_spec("math", workflow, max_turns=CAP),
+                 _team(coordinator, checker_code), None, RolloutConfig(mode="independent", k=k))
 
 
 def test_cost_zero_recovers_the_fixed_loop():
@@ -84,36 +102,101 @@ def test_cost_zero_recovers_the_fixed_loop():
     assert rewards["coordinator"] == [(-cost * 2, 1.0)] * 6  # 2 decisions x 3 problems
 
 
-@pytest.mark.parametrize("workflow, rounds", [("stop_by_verifier", 2), ("stop_at_cap", CAP)])
-def test_fixed_exit_baselines_ignore_the_coordinator(workflow, rounds):
-  """The learned_stop team with its exit fixed: whatever the coordinator replies (here: always
-  stop, or no decision at all), the loop ends at the verifier's approval (round 2, as the 'drmas'
-  loop) or at the cap; the coordinator is charged round_cost per round and never the format
-  penalty, and its replies are recorded as `continue`."""
+def test_cost_zero_recovers_the_fixed_checked_loop():
+  """The program-checked loop: stop_by_check (stop when the answer matches the program's output)
+  against learned_stop_checked with a coordinator that follows the check: at round_cost 0 the
+  same rounds and the same rewards on every channel, the orchestration channel 0 included."""
+  fixed = _rollout("stop_by_check", lambda env: "maybe")
+  for cost in (0.0, 0.25):
+    learned = _rollout("learned_stop_checked", _follow_check, round_cost=cost)
+    for a, b in zip(fixed.episodes, learned.episodes):
+      assert (a.solved, a.turns) == (b.solved, b.turns) == (True, 2)
+      for channel in ("team", "agent:solver", "agent:checker", "agent:coordinator"):
+        assert a.rewards[channel] == b.rewards[channel]
+      assert a.rewards["orchestration"] == 0.0
+      assert b.rewards["orchestration"] == -cost * 2
+    if cost == 0.0:
+      assert ([(s.agent, s.reward, s.team_reward) for s in fixed.samples]
+              == [(s.agent, s.reward, s.team_reward) for s in learned.samples])
+
+
+def test_checker_review_and_format_penalty():
+  """The coordinator reads the program's output and whether the answer matches it; a program
+  that prints nothing is a format error of the checker (-0.1 each round), and stop_by_check then
+  runs to the cap, since nothing matches."""
+  env = registry.make_env("math", seed=0, workflow="learned_stop_checked")
+  answer = env.problem.answer
+  env.step("solver", "\\boxed{-1}")
+  env.step("checker", f"```python\nprint({answer})\n```", tool_output=f"{answer}\n")
+  assert env.observe("coordinator").user.endswith(
+      f"```python\nprint({answer})\n```\nThe program printed: {answer}. The proposed answer -1 "
+      "does not match it.\nRounds left after this one: 2.")
+  silent = _rollout("stop_by_check", _follow_check, n=1, checker_code="x = 1")
+  episode, = silent.episodes
+  assert episode.turns == CAP and episode.solved
+  assert episode.rewards["agent:checker"] == pytest.approx(-0.1 * (CAP - 1))
+  with pytest.raises(ValueError, match="the checker's step needs its program's stdout"):
+    registry.make_env("math", seed=0, workflow="learned_stop_checked").step("checker", "x")
+
+
+@pytest.mark.parametrize("level", ["one_step", "multi_step"])
+def test_checker_demonstration_prints_the_answer(level):
+  """The warm-start's checker program, run by Python here, prints the problem's answer exactly
+  (fractions included); the coordinator's demonstrated decision is the same whether the answer
+  is right or wrong, and both decisions occur."""
+  decisions = set()
+  for seed in range(30):
+    wrong = registry.make_env("math", seed=seed, level=level, workflow="learned_stop_checked")
+    answer = wrong.problem.answer
+    code = wrong.demonstration("checker").removeprefix("```python\n").removesuffix("\n```")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=30, check=True).stdout.strip()
+    assert fractions.Fraction(out) == fractions.Fraction(answer), (seed, code)
+    right = wrong.clone()
+    for env, proposed in ((wrong, "-1"), (right, answer)):
+      env.step("solver", f"\\boxed{{{proposed}}}")
+      env.step("checker", right.demonstration("checker"), tool_output=out)
+    assert (wrong.match, right.match) == (False, True)
+    assert wrong.demonstration("coordinator") == right.demonstration("coordinator")
+    decisions.add(right.demonstration("coordinator"))
+  assert decisions == {"#### stop", "#### continue"}
+
+
+@pytest.mark.parametrize("workflow, decisions", [
+    ("stop_by_verifier", ["continue"]),  # the verifier's approval in round 2 ends the loop
+    ("stop_at_cap", ["continue", "continue"]),
+    ("stop_by_check", ["continue", "stop"]),  # round 2's answer matches the program's output
+    ("stop_at_cap_checked", ["continue", "continue"])])
+def test_fixed_exit_baselines_ignore_the_coordinator(workflow, decisions):
+  """The learned_stop teams with their exit fixed: whatever the coordinator replies (here: always
+  stop, or no decision at all), the loop ends at the verifier's approval or the program check's
+  match (round 2) or at the cap; the coordinator is charged round_cost per round and never the
+  format penalty, and its replies are recorded as the fixed rule's decisions."""
   cost = 0.1
+  rounds = 2 if decisions[-1] == "stop" or len(decisions) == 1 else CAP
   for reply in ("stop", "maybe"):
-    result = rollout(_problems(workflow, 2, round_cost=cost),
-                     registry.workflow_spec("math", workflow, max_turns=CAP),
-                     _team(lambda env: reply), None, RolloutConfig(mode="independent", k=1))
+    result = _rollout(workflow, lambda env: reply, n=2, round_cost=cost)
     for episode in result.episodes:
       assert (episode.solved, episode.turns) == (True, rounds)
       assert episode.rewards["orchestration"] == pytest.approx(-cost * rounds)
       assert episode.rewards["agent:coordinator"] == 0.0
       decided = [e for e in episode.trace["events"] if e["type"] == "orchestrator_decision"
                  and "decision" in e]
-      assert [e["decision"] for e in decided] == ["continue"] * (rounds - 1)
+      assert [e["decision"] for e in decided] == decisions
 
 
-def test_decisions_get_nonzero_correctly_grouped_advantages():
+@pytest.mark.parametrize("workflow, preset", [("learned_stop", "cpu"),
+                                              ("learned_stop_checked", "program,cpu")])
+def test_decisions_get_nonzero_correctly_grouped_advantages(workflow, preset):
   """2 problems x 4 independent trajectories, a coordinator deciding at random: each decision's
   advantage is the drmas estimator's over its (problem, round) group of coordinator decisions,
   with the reward derived here: solved (last solver answer is from round >= 2) - cost x rounds."""
   cost, k = 0.1, 4
   rng = random.Random(0)
-  result = rollout(_problems("learned_stop", 2, round_cost=cost),
-                   registry.workflow_spec("math", "learned_stop", max_turns=CAP),
-                   _team(lambda env: rng.choice(["stop", "continue"])), None,
-                   RolloutConfig(mode="independent", k=k))
+  c = orchestration_stop.get_config(preset)
+  assert c.env.workflow == workflow
+  result = _rollout(workflow, lambda env: rng.choice(["stop", "continue"]), n=2, k=k,
+                    round_cost=cost)
   samples = result.samples
   rounds = defaultdict(int)
   for s in samples:
@@ -125,9 +208,8 @@ def test_decisions_get_nonzero_correctly_grouped_advantages():
   got_r = np.array([s.reward + s.team_reward for s in samples])  # alpha = 1
   np.testing.assert_allclose(got_r[is_dec], want_r[is_dec], rtol=0, atol=1e-12)
 
-  c = orchestration_stop.get_config("cpu")
   cfg = config_lib.build(c).advantage
-  spec = registry.workflow_spec("math", "learned_stop", max_turns=CAP)
+  spec = registry.workflow_spec("math", workflow, max_turns=CAP)
   batch = batch_lib.make_batch(
       [s.reward for s in samples], problem_id=[s.problem_id for s in samples],
       turn=[s.turn for s in samples], agent_id=[s.agent_id for s in samples],

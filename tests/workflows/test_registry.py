@@ -40,6 +40,8 @@ def test_unknown_names_fail_with_one_line():
     registry.make_env("chess", seed=0)
   with pytest.raises(ValueError, match="unknown workflow 'debate' for environment 'math'; "
                                        "expected one of \\['atgrpo', 'drmas', 'learned_stop', "
-                                       "'stop_by_verifier', 'stop_at_cap', 'spawn', 'delegate', "
+                                       "'stop_by_verifier', 'stop_at_cap', "
+                                       "'learned_stop_checked', 'stop_by_check', "
+                                       "'stop_at_cap_checked', 'spawn', 'delegate', "
                                        "'marft', 'single'\\]"):
     registry.workflow_spec("math", "debate")
