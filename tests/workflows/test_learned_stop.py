@@ -11,6 +11,7 @@ when the verifier approves (the checker's output matches) gives exactly the fixe
 from __future__ import annotations
 
 import fractions
+import itertools
 import random
 import subprocess
 import sys
@@ -143,7 +144,8 @@ def test_checker_review_and_format_penalty():
 def test_checker_demonstration_prints_the_answer(level):
   """The warm-start's checker program, run by Python here, prints the problem's answer exactly
   (fractions included); the coordinator's demonstrated decision is the same whether the answer
-  is right or wrong, and both decisions occur."""
+  is right or wrong, and its round-1 and round-2 decisions take all four combinations (no
+  decision fixes the other)."""
   decisions = set()
   for seed in range(30):
     wrong = registry.make_env("math", seed=seed, level=level, workflow="learned_stop_checked")
@@ -157,9 +159,13 @@ def test_checker_demonstration_prints_the_answer(level):
       env.step("solver", f"\\boxed{{{proposed}}}")
       env.step("checker", right.demonstration("checker"), tool_output=out)
     assert (wrong.match, right.match) == (False, True)
-    assert wrong.demonstration("coordinator") == right.demonstration("coordinator")
-    decisions.add(right.demonstration("coordinator"))
-  assert decisions == {"#### stop", "#### continue"}
+    first = right.demonstration("coordinator")
+    assert wrong.demonstration("coordinator") == first
+    right.step("coordinator", "#### continue")
+    right.step("solver", f"\\boxed{{{answer}}}")
+    right.step("checker", right.demonstration("checker"), tool_output=out)
+    decisions.add((first, right.demonstration("coordinator")))
+  assert decisions == set(itertools.product(["#### stop", "#### continue"], repeat=2))
 
 
 @pytest.mark.parametrize("workflow, decisions", [

@@ -35,8 +35,8 @@ is `solved` (1/0), which the estimators mix in as `alpha * team + local`.
           coordinator reads whether the proposed answer matches what the program printed and
           decides `#### stop` or `#### continue`. Rewards as 'learned_stop' (the checker's local
           reward: the format penalty when its program prints no answer). Its warm-start
-          demonstrates no stop rule: the coordinator's demonstrated decision is picked by the
-          question's CRC-32 and the round, so RL, not the warm-start, learns when to stop.
+          demonstrates no stop rule: the coordinator's demonstrated decision is picked by a
+          hash of the question and the round, so RL, not the warm-start, learns when to stop.
 'stop_by_check', 'stop_at_cap_checked'  that team with the exit fixed: stop when the answer
           matches the program's output, or run to the cap; the coordinator's reply is not read.
 'spawn'   learned spawning and aggregation (orchestration O1/O4): a dispatcher replies `#### N`
@@ -66,6 +66,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import fractions
+import hashlib
 import re
 import zlib
 from typing import Any
@@ -526,14 +527,15 @@ class CheckedStopMathEnv(LearnedStopMathEnv):
 
   def demonstration(self, agent: str) -> str | None:
     """The solver's worked solution; the checker's program (`MathProblem.program`); the
-    coordinator's decision picked by the CRC-32 of the question and the round, independent of
+    coordinator's decision picked by a hash of the question and the round, independent of
     the answer, so the warm-start teaches the reply's format and leaves the rule to RL. (The
     warm-start keeps only solved episodes, so after a wrong answer it keeps only `continue`.)"""
     self._check_agent(agent)
     if agent == "checker":
       return self.problem.program()
-    if agent == "coordinator":
-      pick = zlib.crc32(f"{self.problem.question}|{self.rounds}".encode()) % 2
+    if agent == "coordinator":  # SHA-256, not CRC-32: CRC is affine, so its bits for round 1
+      # and round 2 of one question would differ by a constant and one would fix the other
+      pick = hashlib.sha256(f"{self.problem.question}|{self.rounds}".encode()).digest()[0] % 2
       return f"#### {('stop', 'continue')[pick]}"
     return super().demonstration(agent)
 
