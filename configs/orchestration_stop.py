@@ -18,9 +18,9 @@ answer) or `program` (the `learned_stop_checked` workflow: a checker's program, 
 sandbox, reviews it, and the warm-start demonstrates no stop rule; fixed exits for its baselines:
 `--config.env.workflow=stop_by_check` or `stop_at_cap_checked`). `cpu`: the embedded
 SmolLM2-135M at the shared CPU preset's sizes (2 problems x 2 trajectories, 48-token replies,
-2 steps). Options RESULTS.md's probes use:
-one-operation problems (`--config.env.kwargs.level=one_step`, where a second round sometimes
-fixes a wrong answer) and RL on the coordinator alone (`--config.train.agents=coordinator`).
+2 steps). Options RESULTS.md's probes use: one-operation problems
+(`--config.env.kwargs.level=one_step`, where a second round sometimes fixes a wrong answer) and RL
+on the coordinator alone (`--config.train.agents=coordinator`).
 """
 
 from __future__ import annotations
