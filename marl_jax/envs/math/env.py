@@ -417,6 +417,7 @@ class LearnedStopMathEnv(DrMASMathEnv):
   after the verifier, whether another round is worth its cost."""
 
   agents = ("solver", "verifier", "coordinator")
+  reviewer = "verifier"  # who reviewed the solution, as the solver's next prompt names it
 
   def __init__(self, problem: MathProblem, max_loops: int = 3, format_penalty: float = 0.1,
                round_cost: float = 0.0, premature_penalty: float = 0.0,
@@ -436,7 +437,7 @@ class LearnedStopMathEnv(DrMASMathEnv):
     if agent == "solver" and self.rejected:
       return Observation(agent, self.turn, SOLVER_SYSTEM,
                          f"{self._task()}\nYour previous solution:\n"
-                         f"{truncate(self.solution, _MAX_SHOWN)}\nA verifier reviewed it:\n"
+                         f"{truncate(self.solution, _MAX_SHOWN)}\nA {self.reviewer} reviewed it:\n"
                          f"{truncate(self.rejected[-1], 1500)}\nThe coordinator asked for "
                          "another round. Solve the problem again.")
     if agent != "coordinator":
@@ -497,6 +498,7 @@ class CheckedStopMathEnv(LearnedStopMathEnv):
   program's output) or 'cap' (always continue)."""
 
   agents = ("solver", "checker", "coordinator")
+  reviewer = "checker"
   EXITS = ("learned", "check", "cap")
 
   def __init__(self, problem: MathProblem, max_loops: int = 3, format_penalty: float = 0.1,
@@ -514,12 +516,8 @@ class CheckedStopMathEnv(LearnedStopMathEnv):
     task = self._task()
     if agent == "checker":
       return Observation(agent, self.turn, CHECKER_SYSTEM, task)
-    if agent == "solver":
-      if self.rejected:
-        task += (f"\nYour previous solution:\n{truncate(self.solution, _MAX_SHOWN)}\nA checker "
-                 f"reviewed it:\n{truncate(self.rejected[-1], 1500)}\nThe coordinator asked "
-                 "for another round. Solve the problem again.")
-      return Observation(agent, self.turn, SOLVER_SYSTEM, task)
+    if agent == "solver":  # as 'learned_stop', naming the checker
+      return super().observe(agent)
     left = self.max_turns - self.turn - 1
     return Observation(agent, self.turn, CHECKED_COORDINATOR_SYSTEM,
                        f"{task}\nProposed solution:\n{truncate(self.solution, 1500)}\n"
