@@ -16,7 +16,12 @@ when the verifier approves is the fixed Dr. MAS loop.
 `lora` or `full` (one per agent); REVIEW `verifier` (default: the Dr. MAS verifier reviews each
 answer) or `program` (the `learned_stop_checked` workflow: a checker's program, run in the
 sandbox, reviews it, and the warm-start demonstrates no stop rule; fixed exits for its baselines:
-`--config.env.workflow=stop_by_check` or `stop_at_cap_checked`). `cpu`: the embedded
+`--config.env.workflow=stop_by_check` or `stop_at_cap_checked`). With `program` the groups are
+state-matched: (problem, round, agent, whether the answer matched the check), so a decision
+competes only with decisions taken after the same review, and the estimator is `at_grpo` (a
+singleton group, common once groups split by state, has nothing to compare with and gets 0,
+where `drmas` would hand it its raw reward). RESULTS.md's first two program-checked seeds ran
+before this: `--config.algo.estimator=drmas --config.algo.group_by=problem_turn_agent`. `cpu`: the embedded
 SmolLM2-135M at the shared CPU preset's sizes (2 problems x 2 trajectories, 48-token replies,
 2 steps). Options RESULTS.md's probes use: one-operation problems
 (`--config.env.kwargs.level=one_step`, where a second round sometimes fixes a wrong answer) and RL
@@ -38,6 +43,8 @@ def get_config(preset: str | None = None):
   c.name = f"orchestration_stop_math_{choice['models']}" + ("_checked" if checked else "")
   c.env.workflow = "learned_stop_checked" if checked else "learned_stop"
   c.algo.group_by = "problem_turn_agent"
+  if checked:
+    c.algo.estimator, c.algo.group_by = "at_grpo", "problem_turn_agent_state"
   common.apply_models(c, choice["models"])
   common.data_fields(c, **common.MATH_DATA)
   c.env.kwargs.round_cost = 0.1

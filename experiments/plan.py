@@ -214,6 +214,7 @@ class _Sample:
   agent_id: int
   policy_id: int
   generation: _Generation
+  state: int = 0
   reward: float = 0.0
   team_reward: float = 0.0
   trained: bool = True

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from marl_jax.algos.batch import GroupSpace, SampleBatch, mixed_reward
 from marl_jax.algos.segments import AxisName, count, psum
 
-GROUPINGS = ("problem", "problem_agent", "problem_turn_agent")
+GROUPINGS = ("problem", "problem_agent", "problem_turn_agent", "problem_turn_agent_state")
 FILTERS = ("none", "lowest_mean", "zero_variance")
 MAGRPO_BASELINES = ("mean", "none", "loo", "max")
 _GROUP_ESTIMATORS = ("grpo", "at_grpo", "drmas", "dr_grpo", "rloo", "remax")
@@ -46,7 +46,8 @@ class AdvantageConfig:
 
   Attributes:
     estimator: registry name (see `advantages.ESTIMATORS`).
-    group_by: grouping of group estimators: "problem", "problem_agent" or "problem_turn_agent"
+    group_by: grouping of group estimators: "problem", "problem_agent", "problem_turn_agent" or
+      "problem_turn_agent_state" (also split by the state the agent observed, `batch.group_ids`)
       (None: grpo/dr_grpo/rloo/remax "problem", at_grpo "problem_turn_agent", drmas
       "problem_agent").
     std_ddof: 0 (population) or 1 (unbiased) for group, sibling and batch standard deviations

@@ -50,15 +50,19 @@ class GroupSpace:
     num_agents: agent ids lie in [0, num_agents).
     num_trajs: trajectory ids lie in [0, num_trajs) (needed by `gae_*`; 0 = unused).
     num_nodes: node ids lie in [0, num_nodes) (needed by `magrpo`; 0 = unused).
+    num_states: observed-state ids lie in [0, num_states) (`group_by`
+      "problem_turn_agent_state"; 1 when the workflow's observations declare none).
   """
   num_problems: int
   max_turns: int = 1
   num_agents: int = 1
   num_trajs: int = 0
   num_nodes: int = 0
+  num_states: int = 1
 
   def __post_init__(self):
-    for name in ("num_problems", "max_turns", "num_agents", "num_trajs", "num_nodes"):
+    for name in ("num_problems", "max_turns", "num_agents", "num_trajs", "num_nodes",
+                 "num_states"):
       value = getattr(self, name)
       low = 0 if name in ("num_trajs", "num_nodes") else 1
       if not isinstance(value, int) or value < low:
@@ -81,6 +85,9 @@ class SampleBatch:
     node_id: i32[N] MAGRPO joint-action node of the sample, dense in [0, num_nodes); all agents'
       samples of one joint action share the node.
     parent_node: i32[N] node that spawned this sample's node; -1 at the root (first turn).
+    state: i32[N] the discrete state the agent observed when it replied, in [0, num_states)
+      (`envs.base.Observation.state`); decisions in different states never share a
+      "problem_turn_agent_state" group.
     is_greedy: bool[N] the sample was decoded greedily (ReMax baseline sample, not trained on).
     values: f32[N] critic value of the sample's state (`gae_action`).
     token_values: f32[N, T] critic value per response token (`gae_token`).
@@ -96,6 +103,7 @@ class SampleBatch:
   traj_id: jax.Array
   node_id: jax.Array
   parent_node: jax.Array
+  state: jax.Array
   is_greedy: jax.Array
   values: jax.Array
   token_values: jax.Array
@@ -114,6 +122,7 @@ _FIELDS: dict[str, tuple[Any, Any, int]] = {
     "traj_id": (np.int32, 0, 1),
     "node_id": (np.int32, 0, 1),
     "parent_node": (np.int32, -1, 1),
+    "state": (np.int32, 0, 1),
     "is_greedy": (np.bool_, False, 1),
     "values": (np.float32, 0.0, 1),
     "token_values": (np.float32, 0.0, 2),
@@ -170,7 +179,7 @@ def validate_batch(batch: SampleBatch, space: GroupSpace) -> None:
   """
   mask = np.asarray(batch.sample_mask)
   ranges = {"problem_id": (0, space.num_problems), "turn": (0, space.max_turns),
-            "agent_id": (0, space.num_agents)}
+            "agent_id": (0, space.num_agents), "state": (0, space.num_states)}
   if space.num_trajs:
     ranges["traj_id"] = (0, space.num_trajs)
   if space.num_nodes:
@@ -227,9 +236,16 @@ def parent_node(traj: int, turn: int, max_turns: int, branching: int = 1) -> int
 
 def group_ids(batch: SampleBatch, group_by: str,
               space: GroupSpace) -> tuple[jax.Array, int, jax.Array]:
-  """Mixed-radix group code [N] of (problem[, turn][, agent]), its segment count, and whether
-  each sample's ids are in range [N]. `group_by`: "problem", "problem_agent" or
-  "problem_turn_agent"; each factor has its own radix, so distinct problems never share a group."""
+  """Mixed-radix group code [N] of (problem[, turn][, agent][, state]), its segment count, and
+  whether each sample's ids are in range [N]. `group_by`: "problem", "problem_agent",
+  "problem_turn_agent" or "problem_turn_agent_state"; each factor has its own radix, so distinct
+  problems never share a group.
+
+  Why a state factor: independent trajectories reach a turn in different states, so a
+  (problem, turn, agent) group compares decisions taken in different situations, and the
+  state's value leaks into each action's advantage (a stop after a matching check against a
+  continue after a mismatch). With the state the agent observed as a factor, a group compares
+  actions only."""
   p, t, a = batch.problem_id, batch.turn, batch.agent_id
   ok = in_range(p, 0, space.num_problems)
   if group_by == "problem":
@@ -239,7 +255,11 @@ def group_ids(batch: SampleBatch, group_by: str,
     return p * space.num_agents + a, space.num_problems * space.num_agents, ok
   ok &= in_range(t, 0, space.max_turns)
   ids = (p * space.max_turns + t) * space.num_agents + a
-  return ids, space.num_problems * space.max_turns * space.num_agents, ok
+  num = space.num_problems * space.max_turns * space.num_agents
+  if group_by == "problem_turn_agent":
+    return ids, num, ok
+  ok &= in_range(batch.state, 0, space.num_states)
+  return ids * space.num_states + batch.state, num * space.num_states, ok
 
 
 # ----------------------------------------------------------------------------- the train batch
@@ -273,6 +293,7 @@ class RolloutSample(Protocol):
   turn: int
   agent_id: int
   policy_id: int
+  state: int
   reward: float
   team_reward: float
   trained: bool  # False: the tokens are masked out of the loss (config.train.agents)
@@ -287,6 +308,7 @@ class BatchShape:
   trajs_per_problem: int  # 1 in tree mode (one state per problem), K independent, G^T magrpo_tree
   max_turns: int
   num_agents: int
+  num_states: int = 1  # observed-state ids (`GroupSpace.num_states`)
   branching: int = 1  # G of a MAGRPO joint-action tree (`child_traj`); 1 = linear trajectories
   multiple: int = 1  # rows per policy block must divide by devices x micro-batches
   min_rows: int = 8
@@ -299,7 +321,7 @@ class BatchShape:
     trajs = self.num_problems * self.trajs_per_problem
     return GroupSpace(num_problems=self.num_problems, max_turns=self.max_turns,
                       num_agents=self.num_agents, num_trajs=trajs,
-                      num_nodes=trajs * self.max_turns)
+                      num_nodes=trajs * self.max_turns, num_states=self.num_states)
 
   def sizes(self, samples: Sequence[RolloutSample], block_rows: int) -> tuple[int, int, int]:
     """(rows per block, prompt width, response width) that hold `samples` with at most
@@ -341,7 +363,7 @@ def build_rows(samples: Sequence[RolloutSample], shape: BatchShape, pad_id: int,
   old_logp = np.zeros((rows, resp_width), np.float32)
   token_mask = np.zeros((rows, resp_width), bool)
   fields = {k: np.zeros(rows, np.int32) for k in
-            ("problem_id", "turn", "agent_id", "policy_id", "traj_id", "node_id")}
+            ("problem_id", "turn", "agent_id", "policy_id", "traj_id", "node_id", "state")}
   fields["parent_node"] = np.full(rows, -1, np.int32)
   fields["team_rewards"] = np.zeros(rows, np.float32)
   fields["sample_mask"] = np.zeros(rows, bool)
@@ -355,7 +377,7 @@ def build_rows(samples: Sequence[RolloutSample], shape: BatchShape, pad_id: int,
     old_logp[i, :r] = gen.logprobs
     token_mask[i, :r] = s.trained
     values = dict(problem_id=s.problem_id, turn=s.turn, agent_id=s.agent_id,
-                  policy_id=s.policy_id, traj_id=s.traj_id,
+                  policy_id=s.policy_id, traj_id=s.traj_id, state=s.state,
                   node_id=node_id(s.traj_id, s.turn, shape.max_turns),
                   parent_node=parent_node(s.traj_id, s.turn, shape.max_turns, shape.branching),
                   team_rewards=s.team_reward, sample_mask=True)

@@ -29,12 +29,17 @@ MAX_REPLY_CHARS = 50_000
 
 @dataclasses.dataclass(frozen=True)
 class Observation:
-  """One agent's prompt: chat messages are [system, user]."""
+  """One agent's prompt: chat messages are [system, user].
+
+  `state`: a discrete summary of what the agent sees, in [0, the workflow's `num_states`), for
+  estimators that compare only replies given in the same state (`group_by`
+  "problem_turn_agent_state"); 0 where a workflow declares no states."""
 
   agent: str
   turn: int
   system: str
   user: str
+  state: int = 0
 
   def messages(self) -> list[dict[str, str]]:
     return [{"role": "system", "content": self.system}, {"role": "user", "content": self.user}]
@@ -86,6 +91,7 @@ class Workflow:
   route: Callable[[str], str] | None = None  # router only: router reply -> next agent
   spawn: Callable[[str], tuple[str, ...]] | None = None  # spawn only: reply -> workers to run
   topology: str = "planner_executor_critic"  # trace topology label (PAPERS.md section 5)
+  num_states: int = 1  # the observations' `state` ids lie in [0, num_states)
 
 
 def no_dataset(env_kwargs: dict[str, Any]) -> None:

@@ -358,7 +358,12 @@ def _check_rollout(c: ml_collections.ConfigDict, spec: WorkflowSpec,
     if k < 2:
       raise ValueError(f"config.rollout.k={k} gives every MAGRPO node no sibling, so every "
                        "advantage is 0; expected k >= 2")
-  if (k < 2 and advantage.resolved().group_by == "problem_turn_agent"
+  group_by = advantage.resolved().group_by
+  if group_by == "problem_turn_agent_state" and spec.num_states == 1:
+    raise ValueError(f"config.algo.group_by={group_by!r} splits groups by the state each agent "
+                     f"observed; workflow {c.env.workflow!r} declares none (num_states 1); "
+                     "expected 'problem_turn_agent'")
+  if (k < 2 and group_by in ("problem_turn_agent", "problem_turn_agent_state")
       and algo.estimator in ("grpo", "at_grpo", "dr_grpo", "rloo")):
     raise ValueError(f"config.rollout.k={k} puts one sample in every (problem, turn, agent) group "
                      f"of estimator {algo.estimator!r}, so every advantage is 0; expected k >= 2")

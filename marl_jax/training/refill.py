@@ -30,7 +30,9 @@ def _group_key(s: Sample, group_by: str) -> tuple[int, ...]:
     return (s.problem_id,)
   if group_by == "problem_agent":
     return (s.problem_id, s.agent_id)
-  return (s.problem_id, s.turn, s.agent_id)
+  if group_by == "problem_turn_agent":
+    return (s.problem_id, s.turn, s.agent_id)
+  return (s.problem_id, s.turn, s.agent_id, s.state)
 
 
 def qualifying_problems(samples: Sequence[Sample], group_by: str, alpha: float) -> list[int]:

@@ -89,7 +89,8 @@ def batch_shape(c: ml_collections.ConfigDict, spec: WorkflowSpec, shards: int,
   trajs, branching = id_layout(mode, k, spec.max_turns)
   return BatchShape(
       num_problems=num, trajs_per_problem=trajs, branching=branching,
-      max_turns=spec.max_turns, num_agents=len(spec.agents), multiple=shards // procs,
+      max_turns=spec.max_turns, num_agents=len(spec.agents), num_states=spec.num_states,
+      multiple=shards // procs,
       min_rows=max(1, BatchShape.min_rows // procs))
 
 

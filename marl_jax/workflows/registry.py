@@ -71,7 +71,7 @@ def workflow_spec(name: str, variant: str, max_turns: int | None = None,
   return WorkflowSpec(w.agents, kind=w.kind, max_turns=turns, tool_agents=w.tool_agents,
                       policy_of={a: (i if per_role else 0) for i, a in enumerate(w.agents)},
                       exit_agent=w.exit_agent, exit_when=w.exit_when, route=w.route,
-                      spawn=w.spawn, topology=w.topology)
+                      spawn=w.spawn, topology=w.topology, num_states=w.num_states)
 
 
 def problem_kwargs(name: str, variant: str, max_turns: int, seed: int,

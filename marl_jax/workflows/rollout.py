@@ -130,6 +130,7 @@ class Sample:
   team_reward: float = 0.0  # task success: of the branch after this step (tree modes) or episode
   selected: bool = True  # tree mode: whether this candidate's state was continued
   trained: bool = True  # False: in its group's statistics, in no loss (config.train.agents)
+  state: int = 0  # the state the agent observed (`envs.base.Observation.state`)
 
 
 @dataclasses.dataclass
@@ -200,7 +201,7 @@ def rollout(problems: Sequence[Problem], spec: WorkflowSpec, generate: Generate,
   while live:
     forks = [cfg.mode == "magrpo_tree" and not ep.open for ep in live]
     counts = [cfg.k if cfg.mode == "tree" or fork else 1 for fork in forks]
-    prompts, replies = _generate_all(live, spec, generate, params, counts)
+    observations, replies = _generate_all(live, spec, generate, params, counts)
     tool_outputs = _run_tools(live, spec, replies, cfg)
     still_live = []
     for i, ep in enumerate(live):
@@ -211,7 +212,7 @@ def rollout(problems: Sequence[Problem], spec: WorkflowSpec, generate: Generate,
       else:
         steps = [(ep, replies[i], tool_outputs[i])]
       for branch, gens, outs in steps:
-        safety_events += _step_episode(branch, spec, prompts[i], gens, outs, samples,
+        safety_events += _step_episode(branch, spec, observations[i], gens, outs, samples,
                                        cfg.mode == "tree", per_branch_team)
         if branch.cursor.agent is None:
           episodes.append(_finish(branch, samples, per_branch_team))
@@ -249,15 +250,19 @@ def _start(problem: Problem, spec: WorkflowSpec, cfg: RolloutConfig, traj_id: in
 
 
 def _generate_all(live: list[_Episode], spec: WorkflowSpec, generate: Generate, params: Any,
-                  counts: list[int]) -> tuple[list[list[dict[str, str]]], list[list[Generation]]]:
-  """(the prompt messages of live episode i, its counts[i] replies), one generate call per
-  policy."""
+                  counts: list[int]) -> tuple[list[envs_base.Observation], list[list[Generation]]]:
+  """(the observation of live episode i, its counts[i] replies), one generate call per policy.
+  Raises ValueError on an observation whose state lies outside the workflow's `num_states`."""
   by_policy: dict[int, list[tuple[int, Request]]] = defaultdict(list)
-  prompts = []
+  observations = []
   for i, ep in enumerate(live):
     agent = ep.cursor.agent
-    prompts.append(ep.env.observe(agent).messages())
-    by_policy[spec.policy_id(agent)] += [(i, Request(prompts[i], agent, ep.env))] * counts[i]
+    obs = ep.env.observe(agent)
+    if not (isinstance(obs.state, int) and 0 <= obs.state < spec.num_states):
+      raise ValueError(f"{type(ep.env).__name__}.observe({agent!r}) gave state {obs.state!r}; "
+                       f"expected an int in [0, {spec.num_states}) (the workflow's num_states)")
+    observations.append(obs)
+    by_policy[spec.policy_id(agent)] += [(i, Request(obs.messages(), agent, ep.env))] * counts[i]
   replies: list[list[Generation]] = [[] for _ in live]
   for policy_id, items in sorted(by_policy.items()):
     outputs = list(generate([r for _, r in items], policy_id, params))
@@ -266,7 +271,7 @@ def _generate_all(live: list[_Episode], spec: WorkflowSpec, generate: Generate, 
                        f"(policy {policy_id})")
     for (i, _), out in zip(items, outputs):
       replies[i].append(out)
-  return prompts, replies
+  return observations, replies
 
 
 def _run_tools(live: list[_Episode], spec: WorkflowSpec, replies: list[list[Generation]],
@@ -288,13 +293,13 @@ def _run_tools(live: list[_Episode], spec: WorkflowSpec, replies: list[list[Gene
   return outputs
 
 
-def _step_episode(ep: _Episode, spec: WorkflowSpec, messages: list[dict[str, str]],
+def _step_episode(ep: _Episode, spec: WorkflowSpec, obs: envs_base.Observation,
                   replies: list[Generation], tool_outputs: list[str | None],
                   samples: list[Sample], tree: bool, per_branch_team: bool) -> int:
-  """Steps each reply (to the prompt `messages`) on its own clone, keeps the best (tree) or the
+  """Steps each reply (to the prompt `obs`) on its own clone, keeps the best (tree) or the
   only one, records it all; returns how many of the steps raised (safety events).
   With `per_branch_team` each sample's team reward is its own clone's success after the step."""
-  agent, turn = ep.cursor.agent, ep.cursor.turn
+  agent, turn, messages = ep.cursor.agent, ep.cursor.turn, obs.messages()
   candidates, raised = [], 0
   for j, (gen, tool_output) in enumerate(zip(replies, tool_outputs)):
     env = ep.env.clone()
@@ -307,9 +312,10 @@ def _step_episode(ep: _Episode, spec: WorkflowSpec, messages: list[dict[str, str
       env, result = ep.env.clone(), _safety_event(ep, agent, e)
       raised += 1
     samples.append(Sample(ep.problem.problem_id, ep.traj_id, turn, agent, spec.agent_id(agent),
-                          spec.policy_id(agent), j if tree else ep.traj_id, ep.parent, messages,
-                          gen, reward=result.rewards.get(agent, 0.0),
-                          team_reward=_team_reward(env) if per_branch_team else 0.0))
+                          spec.policy_id(agent), j if tree else ep.traj_id, ep.parent,
+                          messages, gen, reward=result.rewards.get(agent, 0.0),
+                          team_reward=_team_reward(env) if per_branch_team else 0.0,
+                          state=obs.state))
     candidates.append((len(samples) - 1, env, result))
   best = max(range(len(candidates)),  # on a tie, a branch whose step did not raise
              key=lambda j: (candidates[j][2].rewards.get(agent, float("-inf")),

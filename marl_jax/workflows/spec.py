@@ -38,6 +38,7 @@ class WorkflowSpec:
   route: Callable[[str], str] | None = None  # router only: router reply -> next agent
   spawn: Callable[[str], tuple[str, ...]] | None = None  # spawn only: reply -> workers to run
   topology: str = "planner_executor_critic"  # trace topology label (PAPERS.md section 5)
+  num_states: int = 1  # the observations' `state` ids lie in [0, num_states) (envs/base.py)
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -46,6 +47,8 @@ class WorkflowSpec:
       raise ValueError(f"agents must be distinct and non-empty; got {self.agents}")
     if self.max_turns < 1:
       raise ValueError(f"max_turns must be >= 1; got {self.max_turns}")
+    if self.num_states < 1:
+      raise ValueError(f"num_states must be >= 1; got {self.num_states}")
     unknown = (set(self.tool_agents) | set(self.policy_of)) - set(self.agents)
     if unknown:
       raise ValueError(f"tool_agents/policy_of name agents {sorted(unknown)} that are not in "

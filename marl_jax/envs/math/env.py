@@ -518,10 +518,11 @@ class CheckedStopMathEnv(LearnedStopMathEnv):
       return Observation(agent, self.turn, CHECKER_SYSTEM, task)
     if agent == "solver":  # as 'learned_stop', naming the checker
       return super().observe(agent)
-    left = self.max_turns - self.turn - 1
+    left = self.max_turns - self.turn - 1  # state: what the review's last line says
     return Observation(agent, self.turn, CHECKED_COORDINATOR_SYSTEM,
                        f"{task}\nProposed solution:\n{truncate(self.solution, 1500)}\n"
-                       f"Checker's review:\n{self.review}\nRounds left after this one: {left}.")
+                       f"Checker's review:\n{self.review}\nRounds left after this one: {left}.",
+                       state=int(self.match))
 
   def demonstration(self, agent: str) -> str | None:
     """The solver's worked solution; the checker's program (`MathProblem.program`); the

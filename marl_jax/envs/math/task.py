@@ -19,10 +19,10 @@ from marl_jax.envs.math.env import (ATGRPOMathEnv, CheckedStopMathEnv, DelegateM
 # exiting on approval, 'learned_stop' that loop exiting on a coordinator's learned decision (the
 # cap a safety limit), 'stop_by_verifier' / 'stop_at_cap' that team with the exit fixed,
 # 'learned_stop_checked' the loop with a program checker (its replies run in the sandbox) and its
-# fixed exits 'stop_by_check' / 'stop_at_cap_checked', 'spawn'
-# a dispatcher spawning 1-4 solvers and an aggregator, 'delegate' a dispatcher picking which of 4
-# specialists solve and an aggregator, 'marft' the profiled chain (default roles), 'single' one
-# solver.
+# fixed exits 'stop_by_check' / 'stop_at_cap_checked' (the coordinator's observed state: whether
+# the answer matched the check, 1, or not, 0), 'spawn' a dispatcher spawning 1-4 solvers and an
+# aggregator, 'delegate' a dispatcher picking which of 4 specialists solve and an aggregator,
+# 'marft' the profiled chain (default roles), 'single' one solver.
 WORKFLOWS = {
     "atgrpo": Workflow(ATGRPOMathEnv.agents, max_turns=4, tool_agents=frozenset({"tool"})),
     "drmas": Workflow(DrMASMathEnv.agents, kind="loop", max_turns=2, exit_agent="verifier",
@@ -35,10 +35,10 @@ WORKFLOWS = {
                             exit_agent="coordinator", exit_when=lambda response: False),
     "learned_stop_checked": Workflow(CheckedStopMathEnv.agents, kind="loop", max_turns=3,
                                      exit_agent="coordinator", exit_when=stops,
-                                     tool_agents=frozenset({"checker"})),
+                                     tool_agents=frozenset({"checker"}), num_states=2),
     **{name: Workflow(CheckedStopMathEnv.agents, kind="loop", max_turns=3,
                       exit_agent="coordinator", exit_when=lambda response: False,
-                      tool_agents=frozenset({"checker"}))
+                      tool_agents=frozenset({"checker"}), num_states=2)
        for name in ("stop_by_check", "stop_at_cap_checked")},
     "spawn": Workflow(SpawnMathEnv.agents, kind="spawn", max_turns=1, fixed_turns=True,
                       spawn=spawns, topology="hierarchical"),
