@@ -30,7 +30,10 @@ it led to; the trace records the sum as the `orchestration` channel. A step's in
 orchestration events: "decision" an `orchestrator_decision`, "spawn" (worker names) one `spawn`
 each, "aggregate" (worker names) an `aggregate` event with edges from those workers' replies, then
 their `despawn`. Only independent rollouts may carry decision rewards: in the tree modes a
-sample's branch is not the episode's.
+sample's branch is not the episode's. Each sample keeps the discrete `state` its agent observed
+(`envs.base.Observation.state`, checked against the workflow's `num_states`), so independent
+trajectories' decisions can be grouped with the decisions taken in the same state
+(`group_by` "problem_turn_agent_state").
 
 Team rewards (the global term, `alpha * team + local`): in the tree modes each sample carries the
 team reward (1 if solved) of *its own branch's* state right after its step, as PettingLLMs adds it

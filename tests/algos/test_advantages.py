@@ -79,7 +79,7 @@ def shuffle_and_pad(rng, fields: dict, n_total: int) -> dict:
 
 # ----------------------------------------------------------------------------- group estimators
 
-GSPACE = GroupSpace(num_problems=6, max_turns=3, num_agents=2)
+GSPACE = GroupSpace(num_problems=6, max_turns=3, num_agents=2, num_states=2)
 
 
 def group_batch(rng, dyadic=False, n_valid=52, n_total=64):
@@ -93,7 +93,8 @@ def group_batch(rng, dyadic=False, n_valid=52, n_total=64):
     r = rng.normal(size=n_valid)
   fields = dict(rewards=r, team_rewards=rng.normal(size=n_valid), problem_id=p, turn=t,
                 agent_id=a, is_greedy=rng.random(n_valid) < 0.25,
-                token_mask=rng.random((n_valid, 4)) < 0.7)
+                token_mask=rng.random((n_valid, 4)) < 0.7,
+                state=rng.integers(0, GSPACE.num_states, n_valid))
   return make_batch(**shuffle_and_pad(rng, fields, n_total))
 
 
@@ -103,7 +104,8 @@ def ref_group(batch, kind, group_by, ddof, eps=1e-6, normalize_std=True, filt="n
   mask = np.asarray(batch.sample_mask)
   greedy = np.asarray(batch.is_greedy)
   cols = {"problem": ("problem_id",), "problem_agent": ("problem_id", "agent_id"),
-          "problem_turn_agent": ("problem_id", "turn", "agent_id")}[group_by]
+          "problem_turn_agent": ("problem_id", "turn", "agent_id"),
+          "problem_turn_agent_state": ("problem_id", "turn", "agent_id", "state")}[group_by]
   groups = collections.defaultdict(list)
   for i in np.flatnonzero(mask):
     groups[tuple(int(getattr(batch, c)[i]) for c in cols)].append(i)
@@ -142,6 +144,8 @@ GROUP_CASES = [
     (dict(estimator="grpo"), dict(kind="grpo", group_by="problem", ddof=0)),
     (dict(estimator="at_grpo", std_ddof=1, alpha=0.5),
      dict(kind="at_grpo", group_by="problem_turn_agent", ddof=1, alpha=0.5)),
+    (dict(estimator="at_grpo", group_by="problem_turn_agent_state"),
+     dict(kind="at_grpo", group_by="problem_turn_agent_state", ddof=1)),
     (dict(estimator="drmas"), dict(kind="drmas", group_by="problem_agent", ddof=1)),
     (dict(estimator="drmas", normalize_std=False),
      dict(kind="drmas", group_by="problem_agent", ddof=1, normalize_std=False)),

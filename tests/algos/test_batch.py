@@ -46,6 +46,16 @@ def test_group_ids_are_mixed_radix_codes():
   np.testing.assert_array_equal(ids[:2], [(2 * 2 + 1) * 2 + 1, (0 * 2 + 0) * 2 + 1])
   assert num == 12
   np.testing.assert_array_equal(ok, [True, True, False, False])  # turn 2 is out of range too
+  space = GroupSpace(num_problems=3, max_turns=2, num_agents=2, num_states=2)
+  b = b.replace(state=np.array([1, 0, 1, 2], np.int32))
+  ids, num, ok = batch_lib.group_ids(b, "problem_turn_agent_state", space)
+  np.testing.assert_array_equal(ids[:2], [((2 * 2 + 1) * 2 + 1) * 2 + 1,
+                                          ((0 * 2 + 0) * 2 + 1) * 2 + 0])
+  assert num == 24
+  np.testing.assert_array_equal(ok, [True, True, False, False])  # state 2 is out of range
+  with pytest.raises(ValueError, match=r"sample 3: state=2 outside \[0, 2\)"):
+    batch_lib.validate_batch(b.replace(problem_id=np.array([2, 0, 1, 1], np.int32),
+                                       turn=np.array([1, 0, 0, 1], np.int32)), space)
 
 
 def test_mixed_reward():

@@ -166,10 +166,21 @@ def test_resume_continues_the_same_seeds(model_dir, recorded, tmp_path):
   assert got[3] == want[3]
 
 
-def _sample(problem: int, traj: int, reward: float, turn: int = 0, parent: int = -1) -> Sample:
+def _sample(problem: int, traj: int, reward: float, turn: int = 0, parent: int = -1,
+            state: int = 0) -> Sample:
   gen = Generation("x", (1,), (2,), (-0.5,), "stop")
   return Sample(problem_id=problem, traj_id=traj, turn=turn, agent="a", agent_id=0, policy_id=0,
-                branch=0, parent=parent, messages=[], generation=gen, reward=reward)
+                branch=0, parent=parent, messages=[], generation=gen, reward=reward, state=state)
+
+
+def test_state_matched_groups_qualify_by_their_own_variance():
+  """Problem 0's rewards differ only between states (each state's group is constant); problem
+  1's vary within state 1: only problem 1 qualifies under state-matched groups."""
+  samples = [_sample(0, 0, 1.0, state=1), _sample(0, 1, 1.0, state=1),
+             _sample(0, 2, 0.0, state=0), _sample(1, 3, 0.0, state=1),
+             _sample(1, 4, 1.0, state=1)]
+  assert refill.qualifying_problems(samples, "problem_turn_agent", 0.0) == [0, 1]
+  assert refill.qualifying_problems(samples, "problem_turn_agent_state", 0.0) == [1]
 
 
 def test_select_renumbers_problems_trajectories_and_parents():

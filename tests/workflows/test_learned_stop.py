@@ -10,6 +10,7 @@ when the verifier approves (the checker's output matches) gives exactly the fixe
 
 from __future__ import annotations
 
+import dataclasses
 import fractions
 import itertools
 import random
@@ -25,17 +26,24 @@ from marl_jax.algos import batch as batch_lib
 from marl_jax.algos.advantages import estimate
 from marl_jax.traces import replay as replay_lib
 from marl_jax.traces import schema, stats
+from marl_jax.envs.math.env import CheckedStopMathEnv
 from marl_jax.training import config as config_lib
+from marl_jax.training import trainer
 from marl_jax.workflows import registry
 from marl_jax.workflows.rollout import Generation, Problem, RolloutConfig, rollout
 
 CAP = 3
 
 
-def _team(coordinator, checker_code=None):
-  """Solver wrong in round 1 and right from round 2; the verifier approves exactly the right
-  answers; the checker's program prints the true answer (or `checker_code`);
-  `coordinator(env) -> 'stop' | 'continue'`. Reads the state behind each prompt."""
+def _second_round_right(env):
+  return env.turn >= 1
+
+
+def _team(coordinator, checker_code=None, right=_second_round_right):
+  """Solver right when `right(env)` (default: wrong in round 1 and right from round 2); the
+  verifier approves exactly the right answers; the checker's program prints the true answer (or
+  `checker_code`); `coordinator(env) -> 'stop' | 'continue'`. Reads the state behind each
+  prompt."""
 
   def generate(requests, policy_id, params):
     del policy_id, params
@@ -43,7 +51,7 @@ def _team(coordinator, checker_code=None):
     for r in requests:
       env = r.env
       if r.agent == "solver":
-        answer = env.problem.answer if env.turn >= 1 else "-1"
+        answer = env.problem.answer if right(env) else "-1"
         out.append(Generation(f"So the answer is \\boxed{{{answer}}}."))
       elif r.agent == "verifier":
         tag = "approve" if env.final_correct else "reject"
@@ -71,10 +79,12 @@ def _follow_check(env):
   return "stop" if env.review.endswith(" matches it.") else "continue"
 
 
-def _rollout(workflow, coordinator, n=3, k=1, checker_code=None, **kwargs):
+def _rollout(workflow, coordinator, n=3, k=1, checker_code=None, right=_second_round_right,
+             **kwargs):
   return rollout(_problems(workflow, n, **kwargs),
                  registry.workflow_spec("math", workflow, max_turns=CAP),
-                 _team(coordinator, checker_code), None, RolloutConfig(mode="independent", k=k))
+                 _team(coordinator, checker_code, right), None,
+                 RolloutConfig(mode="independent", k=k))
 
 
 def test_cost_zero_recovers_the_fixed_loop():
@@ -195,8 +205,12 @@ def test_fixed_exit_baselines_ignore_the_coordinator(workflow, decisions):
                                               ("learned_stop_checked", "program,cpu")])
 def test_decisions_get_nonzero_correctly_grouped_advantages(workflow, preset):
   """2 problems x 4 independent trajectories, a coordinator deciding at random: each decision's
-  advantage is the drmas estimator's over its (problem, round) group of coordinator decisions,
-  with the reward derived here: solved (last solver answer is from round >= 2) - cost x rounds."""
+  advantage is the preset's estimator over its group of coordinator decisions, with the reward
+  derived here: solved (last solver answer is from round >= 2) - cost x rounds. The verifier
+  loop: drmas over (problem, round), a singleton keeping its reward; the program-checked loop:
+  at_grpo over (problem, round, whether the answer matched the check), a singleton getting 0
+  (configs/orchestration_stop.py). The checker prints the true answer, so the answer matches
+  exactly from round 2 on."""
   cost, k = 0.1, 4
   rng = random.Random(0)
   c = orchestration_stop.get_config(preset)
@@ -215,24 +229,28 @@ def test_decisions_get_nonzero_correctly_grouped_advantages(workflow, preset):
   np.testing.assert_allclose(got_r[is_dec], want_r[is_dec], rtol=0, atol=1e-12)
 
   cfg = config_lib.build(c).advantage
+  checked = workflow == "learned_stop_checked"
+  assert (cfg.estimator, cfg.group_by) == (("at_grpo", "problem_turn_agent_state") if checked
+                                           else ("drmas", "problem_turn_agent"))
   spec = registry.workflow_spec("math", workflow, max_turns=CAP)
   batch = batch_lib.make_batch(
       [s.reward for s in samples], problem_id=[s.problem_id for s in samples],
       turn=[s.turn for s in samples], agent_id=[s.agent_id for s in samples],
-      team_rewards=[s.team_reward for s in samples])
-  space = batch_lib.GroupSpace(num_problems=2, max_turns=CAP, num_agents=len(spec.agents))
+      team_rewards=[s.team_reward for s in samples], state=[s.state for s in samples])
+  space = batch_lib.GroupSpace(num_problems=2, max_turns=CAP, num_agents=len(spec.agents),
+                               num_states=spec.num_states)
   adv = np.asarray(estimate(batch, cfg, space).advantages)[:, 0]
 
   groups = defaultdict(list)
   for i, s in enumerate(samples):
     if s.agent == "coordinator":
-      groups[(s.problem_id, s.turn)].append(i)
-  assert {turn for _, turn in groups} == {0, 1}  # no decision in the capped last round
+      groups[(s.problem_id, s.turn, checked and s.turn >= 1)].append(i)
+  assert {turn for _, turn, _ in groups} == {0, 1}  # no decision in the capped last round
   nonzero = 0
   for members in groups.values():
     r = want_r[members]
-    if len(r) == 1:  # Dr. MAS: a singleton group has mean 0 and std 1
-      want = r
+    if len(r) == 1:  # Dr. MAS: a singleton group has mean 0 and std 1; at_grpo: nothing to
+      want = np.zeros(1) if checked else r  # compare with
     else:
       want = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
     np.testing.assert_allclose(adv[members], want, rtol=1e-5, atol=1e-6)
@@ -260,6 +278,82 @@ def test_decisions_get_nonzero_correctly_grouped_advantages(workflow, preset):
       s.turn == 0 and "#### continue" in s.generation.text for s in decided)
   assert summary["over_runs"] == sum("#### continue" in s.generation.text and s.turn == 1
                                      for s in decided)
+
+
+def test_state_matched_groups_compare_decisions_after_the_same_review():
+  """A solver right or wrong at random in every round, so trajectories of one problem reach a
+  round with and without a matching check: each coordinator sample's state is, derived here,
+  whether the last answer equals the true answer (the checker prints it); through the trainer's
+  rows, at_grpo over (problem, round, state) gives each decision its advantage among the
+  decisions after the same review, a singleton 0; and those differ from (problem, round)
+  groups' wherever a round mixed both reviews."""
+  cost, k, n = 0.1, 4, 3
+  rng = random.Random(3)
+  result = _rollout("learned_stop_checked", lambda env: rng.choice(["stop", "continue"]), n=n,
+                    k=k, right=lambda env: rng.random() < 0.5, round_cost=cost)
+  samples = result.samples
+  last, rounds, want_state, want_r = {}, defaultdict(int), [], []
+  for s in samples:  # a trajectory's samples come in acting order
+    if s.agent == "solver":
+      last[s.traj_id] = "-1" not in s.generation.text
+      rounds[s.traj_id] += 1
+    want_state.append(int(last[s.traj_id]) if s.agent == "coordinator" else 0)
+  for s in samples:
+    t = s.traj_id
+    want_r.append(float(last[t]) - cost * rounds[t] if s.agent == "coordinator" else np.nan)
+  assert [s.state for s in samples] == want_state
+  want_r = np.array(want_r)
+
+  c = orchestration_stop.get_config("program,cpu")
+  c.rollout.k, c.rollout.problems_per_step = k, n
+  built = config_lib.build(c)
+  shape = trainer.batch_shape(c, built.spec, shards=1)
+  assert shape.space.num_states == 2
+  rows = batch_lib.round_rows(len(samples))
+  batch = batch_lib.build_rows(samples, shape, pad_id=0, rows=rows, width=32, resp_width=16)
+  np.testing.assert_array_equal(batch.samples.state[:len(samples)], want_state)
+  # Scripted replies have no tokens; one each, so no sample is dropped as empty.
+  rows_batch = batch.samples.replace(token_mask=np.ones_like(batch.samples.token_mask))
+  out = estimate(rows_batch, built.advantage, shape.space)
+  adv = np.asarray(out.advantages)[:len(samples), 0]
+
+  by_state, by_round = defaultdict(list), defaultdict(list)
+  for i, s in enumerate(samples):
+    if s.agent == "coordinator":
+      by_state[(s.problem_id, s.turn, want_state[i])].append(i)
+      by_round[(s.problem_id, s.turn)].append(i)
+  mixed = [key for key, members in by_round.items()
+           if len({want_state[i] for i in members}) == 2]
+  assert mixed  # some round saw both reviews, so the state split matters
+  for members in by_state.values():
+    r = want_r[members]
+    want = np.zeros(1) if len(r) == 1 else (r - r.mean()) / (r.std(ddof=1) + 1e-6)
+    np.testing.assert_allclose(adv[members], want, rtol=1e-5, atol=1e-6)
+  round_adv = {}
+  for members in by_round.values():
+    r = want_r[members]
+    round_adv.update(zip(members, (r - r.mean()) / (r.std(ddof=1) + 1e-6) if len(r) > 1
+                         else np.zeros(1)))
+  assert any(abs(adv[i] - round_adv[i]) > 0.1 for key in mixed for i in by_round[key])
+  assert np.any(np.abs(adv[np.isfinite(want_r)]) > 0.1)
+
+
+def test_observed_state_outside_the_workflows_states_is_refused(monkeypatch):
+  """An env whose observation names a state the workflow does not declare fails the rollout with
+  the env, agent and value named, instead of training on a group id past its range."""
+  real = CheckedStopMathEnv.observe
+  monkeypatch.setattr(CheckedStopMathEnv, "observe",
+                      lambda self, agent: dataclasses.replace(real(self, agent), state=2))
+  with pytest.raises(ValueError, match=r"CheckedStopMathEnv.observe\('solver'\) gave state 2; "
+                     r"expected an int in \[0, 2\)"):
+    _rollout("learned_stop_checked", _follow_check, n=1)
+
+
+def test_state_matched_groups_need_a_workflow_with_states():
+  c = orchestration_stop.get_config("cpu")
+  c.algo.estimator, c.algo.group_by = "at_grpo", "problem_turn_agent_state"
+  with pytest.raises(ValueError, match="workflow 'learned_stop' declares none"):
+    config_lib.build(c)
 
 
 def test_decision_rewards_need_independent_rollouts():
