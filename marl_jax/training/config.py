@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import os
 import typing
@@ -367,6 +368,37 @@ def _check_rollout(c: ml_collections.ConfigDict, spec: WorkflowSpec,
       and algo.estimator in ("grpo", "at_grpo", "dr_grpo", "rloo")):
     raise ValueError(f"config.rollout.k={k} puts one sample in every (problem, turn, agent) group "
                      f"of estimator {algo.estimator!r}, so every advantage is 0; expected k >= 2")
+
+
+# What a resumed run may change: how far it runs, how it is named, logged, checkpointed and
+# evaluated. Anything else would continue the checkpoint under a different computation.
+RESUMABLE = ("name", "train.steps", "eval.", "logging.", "checkpoint.")
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+  """{dotted key: leaf} of a nested dict."""
+  if not isinstance(tree, dict):
+    return {prefix.removesuffix("."): tree}
+  return {k: v for key, value in tree.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
+
+
+def check_resume(saved: dict[str, Any], c: ml_collections.ConfigDict) -> None:
+  """Refuses to resume a run whose saved config (`config.json`, as JSON) differs from `c` in a
+  key outside `RESUMABLE`; keys only one side has (a newer or older schema) are not compared.
+
+  Raises UserInputError naming the first such keys with both values.
+  """
+  current = _flat(json.loads(c.to_json_best_effort()))
+  saved = _flat(saved)
+  changed = [k for k in sorted(saved.keys() & current.keys())
+             if saved[k] != current[k]
+             and not any(k == r or (r.endswith(".") and k.startswith(r)) for r in RESUMABLE)]
+  if changed:
+    shown = "; ".join(f"{k}: {saved[k]!r} -> {current[k]!r}" for k in changed[:3])
+    raise UserInputError(f"the workdir's checkpoint was trained under another config ({shown}"
+                         f"{'; ...' if len(changed) > 3 else ''}); resume with the saved "
+                         "config.json or use a new workdir (a resume may change only "
+                         f"{', '.join(RESUMABLE)})")
 
 
 def env_kwargs(c: ml_collections.ConfigDict, for_eval: bool = False) -> dict[str, Any]:

@@ -411,7 +411,13 @@ def evaluate_checkpoint(c: ml_collections.ConfigDict, workdir: str, step: int | 
 
 
 def train(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Runs (or resumes) training in `workdir`; returns the final summary."""
+  """Runs (or resumes) training in `workdir`; returns the final summary. A resume under a config
+  that changes what the run computes is refused before any model is built
+  (`config.check_resume`)."""
+  saved = os.path.join(workdir, "config.json")
+  if saved_steps(workdir) and os.path.exists(saved):
+    with open(saved) as f:
+      config_lib.check_resume(json.load(f), c)
   run = Run(c, workdir)
   restored = run.checkpointer.restore_or_init(
       {"train": run.state, "rng": run.run_key}, {"next_step": 0, "next_seed": 0})

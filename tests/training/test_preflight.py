@@ -3,6 +3,7 @@ devices, the workdir and the datasets (training/preflight.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import jax
@@ -160,3 +161,22 @@ def test_one_sample_per_turn_group_follows_the_resolved_grouping(estimator, grou
       config_lib.build(c)
   else:
     config_lib.build(c)
+
+
+def test_check_resume_allows_length_logging_and_eval_changes_only():
+  """A resume may run longer, log, checkpoint and evaluate differently; any other changed key is
+  refused with its saved and new values; keys one side lacks (another schema) are ignored."""
+  c = config_lib.base_config()
+  saved = json.loads(c.to_json_best_effort())
+  resumed = config_lib.base_config()
+  resumed.train.steps += 10
+  resumed.eval.every += 1
+  resumed.logging.progress = not c.logging.progress
+  resumed.checkpoint.max_to_keep += 1
+  resumed.name = "longer"
+  config_lib.check_resume(saved, resumed)
+  config_lib.check_resume({**saved, "removed_section": {"x": 1}}, resumed)
+  resumed.algo.estimator = "drmas" if c.algo.estimator != "drmas" else "grpo"
+  with pytest.raises(config_lib.UserInputError,
+                     match=rf"algo.estimator: {c.algo.estimator!r} -> {resumed.algo.estimator!r}"):
+    config_lib.check_resume(saved, resumed)

@@ -164,6 +164,16 @@ def test_mini_batch_updates_resume_exactly(model_dir, tmp_path):
   assert got[3] == want[3], "step 3 differs after the resume"
   assert all(want[s]["train/updates"] == 4 for s in want)
   assert any(abs(want[s]["train/ratio"] - 1.0) > 1e-3 for s in want)
+  # Resuming under a config that changes the computation is refused, naming the change,
+  # and leaves the workdir as it was.
+  changed = config(4)
+  changed.optim.lr *= 2
+  before = sorted(os.listdir(tmp_path / "resumed" / "checkpoints"))
+  with pytest.raises(config_lib.UserInputError,
+                     match=rf"another config \(optim.lr: {config(4).optim.lr!r} -> "
+                           rf"{changed.optim.lr!r}\)"):
+    trainer.train(changed, str(tmp_path / "resumed"))
+  assert sorted(os.listdir(tmp_path / "resumed" / "checkpoints")) == before
 
 
 def test_shared_prompts_train_like_unshared(model_dir, tmp_path, monkeypatch):
