@@ -21,9 +21,9 @@ state-matched: (problem, round, agent, whether the answer matched the check), so
 competes only with decisions taken after the same review, and the estimator is `at_grpo` (a
 singleton group, common once groups split by state, has nothing to compare with and gets 0,
 where `drmas` would hand it its raw reward). RESULTS.md's first two program-checked seeds ran
-before this: `--config.algo.estimator=drmas --config.algo.group_by=problem_turn_agent`. `cpu`: the embedded
-SmolLM2-135M at the shared CPU preset's sizes (2 problems x 2 trajectories, 48-token replies,
-2 steps). Options RESULTS.md's probes use: one-operation problems
+before this: `--config.algo.estimator=drmas --config.algo.group_by=problem_turn_agent`.
+`cpu`: the embedded SmolLM2-135M at the shared CPU preset's sizes (2 problems x 2 trajectories,
+48-token replies, 2 steps). Options RESULTS.md's probes use: one-operation problems
 (`--config.env.kwargs.level=one_step`, where a second round sometimes fixes a wrong answer) and RL
 on the coordinator alone (`--config.train.agents=coordinator`).
 """

@@ -90,8 +90,7 @@ def batch_shape(c: ml_collections.ConfigDict, spec: WorkflowSpec, shards: int,
   return BatchShape(
       num_problems=num, trajs_per_problem=trajs, branching=branching,
       max_turns=spec.max_turns, num_agents=len(spec.agents), num_states=spec.num_states,
-      multiple=shards // procs,
-      min_rows=max(1, BatchShape.min_rows // procs))
+      multiple=shards // procs, min_rows=max(1, BatchShape.min_rows // procs))
 
 
 def train_config(c: ml_collections.ConfigDict, built: config_lib.Built,
