@@ -19,6 +19,7 @@ import typing
 from typing import Any
 
 import ml_collections
+from flax import traverse_util
 from ml_collections import config_dict
 
 from marl_jax.algos import critic as critic_lib
@@ -375,21 +376,14 @@ def _check_rollout(c: ml_collections.ConfigDict, spec: WorkflowSpec,
 RESUMABLE = ("name", "train.steps", "eval.", "logging.", "checkpoint.")
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-  """{dotted key: leaf} of a nested dict."""
-  if not isinstance(tree, dict):
-    return {prefix.removesuffix("."): tree}
-  return {k: v for key, value in tree.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
-
-
 def check_resume(saved: dict[str, Any], c: ml_collections.ConfigDict) -> None:
   """Refuses to resume a run whose saved config (`config.json`, as JSON) differs from `c` in a
   key outside `RESUMABLE`; keys only one side has (a newer or older schema) are not compared.
 
   Raises UserInputError naming the first such keys with both values.
   """
-  current = _flat(json.loads(c.to_json_best_effort()))
-  saved = _flat(saved)
+  current = traverse_util.flatten_dict(json.loads(c.to_json_best_effort()), sep=".")
+  saved = traverse_util.flatten_dict(saved, sep=".")
   changed = [k for k in sorted(saved.keys() & current.keys())
              if saved[k] != current[k]
              and not any(k == r or (r.endswith(".") and k.startswith(r)) for r in RESUMABLE)]

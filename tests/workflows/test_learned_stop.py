@@ -71,6 +71,12 @@ def _problems(workflow, n, **kwargs):
           for i, s in enumerate(range(n))]
 
 
+def _z(r):
+  """A group's advantages as at_grpo scores them: z-scores with the unbiased std (eps 1e-6);
+  a singleton has nothing to compare with and gets 0."""
+  return np.zeros(1) if len(r) == 1 else (r - r.mean()) / (r.std(ddof=1) + 1e-6)
+
+
 def _follow_verifier(env):
   return "stop" if "<verify>approve" in env.review else "continue"
 
@@ -249,10 +255,8 @@ def test_decisions_get_nonzero_correctly_grouped_advantages(workflow, preset):
   nonzero = 0
   for members in groups.values():
     r = want_r[members]
-    if len(r) == 1:  # Dr. MAS: a singleton group has mean 0 and std 1; at_grpo: nothing to
-      want = np.zeros(1) if checked else r  # compare with
-    else:
-      want = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
+    # Dr. MAS: a singleton group has mean 0 and std 1, so it keeps its reward
+    want = r if len(r) == 1 and not checked else _z(r)
     np.testing.assert_allclose(adv[members], want, rtol=1e-5, atol=1e-6)
     nonzero += int(np.any(np.abs(want) > 0.1))
   assert nonzero >= 2  # the decisions carry a learning signal
@@ -326,14 +330,10 @@ def test_state_matched_groups_compare_decisions_after_the_same_review():
            if len({want_state[i] for i in members}) == 2]
   assert mixed  # some round saw both reviews, so the state split matters
   for members in by_state.values():
-    r = want_r[members]
-    want = np.zeros(1) if len(r) == 1 else (r - r.mean()) / (r.std(ddof=1) + 1e-6)
-    np.testing.assert_allclose(adv[members], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(adv[members], _z(want_r[members]), rtol=1e-5, atol=1e-6)
   round_adv = {}
   for members in by_round.values():
-    r = want_r[members]
-    round_adv.update(zip(members, (r - r.mean()) / (r.std(ddof=1) + 1e-6) if len(r) > 1
-                         else np.zeros(1)))
+    round_adv.update(zip(members, _z(want_r[members])))
   assert any(abs(adv[i] - round_adv[i]) > 0.1 for key in mixed for i in by_round[key])
   assert np.any(np.abs(adv[np.isfinite(want_r)]) > 0.1)
 
