@@ -7,7 +7,9 @@ went (`orchestrator_decision` events that carry a `decision`): counts per decisi
 stops on a wrong answer while rounds were left, premature stops, over-runs (continued although
 the answer was already right), workers spawned per episode and to whom, aggregation quality (how
 often the aggregate was right when some worker was) and the parallelism speedup (the workers'
-total reply length over the longest, the aggregate events' mean).
+total reply length over the longest, the aggregate events' mean). Decisions of a workflow with
+states (`observed_state` on the event) are also counted per state, `by_state` {state: {decision:
+n}}: e.g. how often a stopper stopped after a matching check (1) and after a mismatch (0).
 
 Premature stop: stopped on a wrong answer while a later round would have fixed it. A stopped
 episode never shows its own later rounds, so the counterfactual is read from its siblings: the
@@ -41,6 +43,7 @@ def summarize(traces: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
   costs: dict[str, list[float]] = collections.defaultdict(list)
   metrics: dict[str, list[float]] = collections.defaultdict(list)
   decisions: collections.Counter[str] = collections.Counter()
+  by_state: dict[int, collections.Counter[str]] = collections.defaultdict(collections.Counter)
   flags: collections.Counter[str] = collections.Counter()
   spawned_to: collections.Counter[str] = collections.Counter()
   # (task_id, round) -> whether a continue from a wrong answer there was right later (any sibling)
@@ -55,6 +58,8 @@ def summarize(traces: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     decided = [e for e in events if e["type"] == "orchestrator_decision" and "decision" in e]
     for i, e in enumerate(decided):
       decisions[e["decision"]] += 1
+      if "observed_state" in e:
+        by_state[e["observed_state"]][e["decision"]] += 1
       flags["over_run"] += e["decision"] == "continue" and bool(e.get("correct"))
       at = (trace["task_id"], e.get("round"))
       if e.get("correct"):
@@ -102,7 +107,7 @@ def summarize(traces: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
       "rewards": _channel_stats(rewards, total=False),
       "costs": _channel_stats(costs, total=True),
       "metrics": _channel_stats(metrics, total=False),
-      "decisions": _decision_stats(decisions, flags, spawned_to, episodes),
+      "decisions": _decision_stats(decisions, flags, spawned_to, episodes, by_state),
   }
 
 
@@ -126,7 +131,8 @@ def format_summary(summary: Mapping[str, Any]) -> str:
 
 
 def _decision_stats(decisions: collections.Counter[str], flags: collections.Counter[str],
-                    spawned_to: collections.Counter[str], episodes: int) -> dict[str, Any]:
+                    spawned_to: collections.Counter[str], episodes: int,
+                    by_state: Mapping[int, collections.Counter[str]]) -> dict[str, Any]:
   """Counts and rates of learned orchestration decisions; empty when the traces hold none."""
   total = sum(decisions.values())
   if not total:
@@ -142,6 +148,8 @@ def _decision_stats(decisions: collections.Counter[str], flags: collections.Coun
                later_round_fixes=flags["later_round_fixes"],
                over_runs=flags["over_run"],
                over_run_rate=flags["over_run"] / continues if continues else None)
+  if by_state:  # JSON keys are strings
+    out["by_state"] = {str(k): dict(sorted(v.items())) for k, v in sorted(by_state.items())}
   if flags["spawned"]:
     out["spawned_per_episode"] = flags["spawned"] / episodes
     out["spawned_to"] = dict(sorted(spawned_to.items()))

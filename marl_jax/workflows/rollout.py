@@ -33,7 +33,8 @@ their `despawn`. Only independent rollouts may carry decision rewards: in the tr
 sample's branch is not the episode's. Each sample keeps the discrete `state` its agent observed
 (`envs.base.Observation.state`, checked against the workflow's `num_states`), so independent
 trajectories' decisions can be grouped with the decisions taken in the same state
-(`group_by` "problem_turn_agent_state").
+(`group_by` "problem_turn_agent_state"); a workflow with states records it on each decision event
+(`observed_state`).
 
 Team rewards (the global term, `alpha * team + local`): in the tree modes each sample carries the
 team reward (1 if solved) of *its own branch's* state right after its step, as PettingLLMs adds it
@@ -335,7 +336,8 @@ def _step_episode(ep: _Episode, spec: WorkflowSpec, obs: envs_base.Observation,
   for name, value in result.rewards.items():
     ep.channels[agent_channel(name)] = ep.channels.get(agent_channel(name), 0.0) + value
   if ep.recorder is not None:
-    _record_step(ep, spec, replies[best], tool_outputs[best], len(candidates), best, result.info)
+    _record_step(ep, spec, replies[best], tool_outputs[best], len(candidates), best, result.info,
+                 obs.state)
   ep.env, ep.parent = env, chosen_index
   ep.cursor = advance(spec, ep.cursor, replies[best].text, result.done)
   if ep.cursor.turn != turn:
@@ -355,7 +357,7 @@ def _safety_event(ep: _Episode, agent: str, error: Exception) -> envs_base.StepR
 
 
 def _record_step(ep: _Episode, spec: WorkflowSpec, gen: Generation, tool_output: str | None,
-                 num_candidates: int, chosen: int, info: dict[str, Any]) -> None:
+                 num_candidates: int, chosen: int, info: dict[str, Any], observed: int) -> None:
   rec = ep.recorder
   agent = ep.cursor.agent
   reply = rec.event("message", agent, content=gen.text, after=[(ep.last_event, "causal")],
@@ -366,6 +368,8 @@ def _record_step(ep: _Episode, spec: WorkflowSpec, gen: Generation, tool_output:
     state = {k: info[k] for k in ("correct", "round") if k in info}
     if "round" in info:  # a stop/continue decision: the rounds the cap still allowed
       state["rounds_left"] = spec.max_turns - ep.cursor.turn - 1
+    if spec.num_states > 1:  # what the decider observed (its group's state factor)
+      state["observed_state"] = observed
     ep.last_event = rec.event("orchestrator_decision", agent, after=[(reply, "causal")],
                               turn=ep.cursor.turn, decision=info["decision"],
                               channel=ORCHESTRATION, **state)

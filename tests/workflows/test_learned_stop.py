@@ -282,6 +282,7 @@ def test_decisions_get_nonzero_correctly_grouped_advantages(workflow, preset):
       s.turn == 0 and "#### continue" in s.generation.text for s in decided)
   assert summary["over_runs"] == sum("#### continue" in s.generation.text and s.turn == 1
                                      for s in decided)
+  assert ("by_state" in summary) == checked  # only a workflow with states records them
 
 
 def test_state_matched_groups_compare_decisions_after_the_same_review():
@@ -307,6 +308,14 @@ def test_state_matched_groups_compare_decisions_after_the_same_review():
     want_r.append(float(last[t]) - cost * rounds[t] if s.agent == "coordinator" else np.nan)
   assert [s.state for s in samples] == want_state
   want_r = np.array(want_r)
+  # The traces record each decision's state; stats counts the decisions per state.
+  by_state = defaultdict(lambda: defaultdict(int))
+  for i, s in enumerate(samples):
+    if s.agent == "coordinator":
+      by_state[str(want_state[i])]["stop" if "#### stop" in s.generation.text else "continue"] += 1
+  assert len(by_state) == 2
+  summary = stats.summarize(e.trace for e in result.episodes)["decisions"]
+  assert summary["by_state"] == {k: dict(v) for k, v in by_state.items()}
 
   c = orchestration_stop.get_config("program,cpu")
   c.rollout.k, c.rollout.problems_per_step = k, n
