@@ -13,6 +13,9 @@ dispatcher) compares choices by accuracy net of cost; `aggregation_bonus` (defau
 aggregator for keeping a right answer one of the solvers had; the `drmas` estimator over
 (problem, turn, agent) groups, format penalties as Dr. MAS; the trace's aggregate event records
 whether the aggregator kept a right answer one of the solvers had and the parallelism speedup.
+`--config.env.workflow=spawn_vote` (or `delegate_vote`) evaluates the same checkpoint with the
+aggregation fixed: the team's answer is the solvers' plurality answer (the aggregator's reply is
+not read), the baseline a learned aggregator is compared with.
 Everything else as `configs/drmas_math.py` (K = 8 independent episodes per question, lr 1e-6,
 Qwen3-4B: pass `--config.model=/path/to/Qwen3-4B`).
 

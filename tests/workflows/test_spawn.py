@@ -280,3 +280,64 @@ def test_costs_of_zero_leave_the_task_reward_alone():
       assert b.reward == pytest.approx(0.5 * a.team_reward)  # right answers kept when solved
     else:
       assert b.reward == 0.0
+
+
+def test_plurality_counts_equivalent_answers_together_and_keeps_the_first_on_a_tie():
+  assert math_env.plurality(["3", "0.5", "1/2", None, "3"]) == "3"  # 2 against 2: "3" came first
+  assert math_env.plurality(["3", "0.5", "1/2"]) == "0.5"  # "1/2" votes with "0.5"
+  assert math_env.plurality([None, "7"]) == "7"
+  assert math_env.plurality([None, None]) is None
+
+
+@pytest.mark.parametrize("workflow", ["spawn_vote", "delegate_vote"])
+def test_vote_workflows_answer_with_the_workers_plurality(workflow):
+  """The same team as the learned-aggregator workflow (so the same checkpoint loads), with an
+  aggregator that always answers wrong and gives no `\\boxed{}`: the vote ignores it, so an
+  episode is solved exactly when the workers' plurality is right (derived here: worker answers in
+  order, one wrong answer first), the aggregator is not penalised, and the learned workflow
+  on the same replies solves nothing."""
+  base = workflow.removesuffix("_vote")
+  assert registry.workflow_spec("math", workflow).agents == registry.workflow_spec(
+      "math", base).agents
+  rng = random.Random(2)
+  names = list(math_env.SPECIALISTS)
+  picks = [rng.randint(1, 4) for _ in range(6)]  # 3 problems x K = 2, the same in both runs
+  choices = iter(())
+
+  def generate(requests, policy_id, params):
+    del policy_id, params
+    out = []
+    for r in requests:
+      if r.agent == "dispatcher":
+        n = next(choices)
+        out.append(Generation("#### " + (str(n) if base == "spawn" else ", ".join(names[:n]))))
+      elif r.agent == "aggregator":
+        out.append(Generation("I would say -5."))
+      else:
+        first = r.agent in ("worker_1", names[0])
+        out.append(Generation(f"\\boxed{{{'-1' if first else r.env.problem.answer}}}"))
+    return out
+
+  results = {}
+  for name in (workflow, base):
+    choices = iter(picks)
+    problems = [Problem("math", dict(seed=s, workflow=name), s) for s in range(3)]
+    results[name] = rollout(problems, registry.workflow_spec("math", name), generate, None,
+                            RolloutConfig(mode="independent", k=2))
+  voted = results[workflow]
+  ns = []
+  for episode in voted.episodes:
+    n = sum(e["type"] == "spawn" for e in episode.trace["events"])
+    ns.append(n)
+    # one wrong answer, then n - 1 right ones: the right answer wins from n = 3 (a 1-1 tie goes
+    # to the wrong one, given first)
+    assert episode.solved == (n >= 3)
+    assert episode.rewards["agent:aggregator"] == 0.0  # its reply is not read
+  assert {n >= 3 for n in ns} == {True, False}
+  assert not any(e.solved for e in results[base].episodes)  # the aggregator's "-5" is unboxed
+
+
+def test_vote_workflows_refuse_an_aggregation_bonus():
+  with pytest.raises(ValueError, match=r"aggregation_bonus=0.5 rewards the aggregator's choice; "
+                     r"with the plurality vote"):
+    registry.make_env("math", seed=0, workflow="spawn_vote", aggregation_bonus=0.5)

@@ -54,6 +54,11 @@ is `solved` (1/0), which the estimators mix in as `alpha * team + local`.
           own prompts (SPECIALISTS: stepwise, concise, checker, casework) and the dispatcher
           names the ones it wants, `#### stepwise, checker`; a reply naming none (or an unknown
           name) delegates to 'stepwise', with the format penalty. Rewards as 'spawn'.
+'spawn_vote', 'delegate_vote'  those teams with the aggregation fixed, the baseline a learned
+          aggregator is compared with on its own checkpoint: the team's answer is the workers'
+          plurality answer (`plurality`: answers compared with `is_equiv`; a tie goes to the
+          answer given first). The aggregator still replies to what it is shown, but its reply is
+          not read (no format penalty; `aggregation_bonus` is refused).
 'marft'   a sequential chain of profiled agents (default reasoner -> actor): each sees its profile,
           the transcript so far and the earlier agents' outputs of this step; only the last
           agent's `\\boxed{}` answer is scored (1/0 to it); "The answer is incorrect." is appended
@@ -249,6 +254,21 @@ def delegates(response: str) -> tuple[str, ...]:
   """Workers the 'delegate' workflow runs: the named specialists, or the first without a valid
   reply."""
   return delegated(response) or tuple(SPECIALISTS)[:1]
+
+
+def plurality(answers: list[str | None]) -> str | None:
+  """The most common answer (answers equal under `is_equiv` count together), the one given
+  first on a tie; None when no answer was given."""
+  votes: list[list] = []  # [first answer of an equivalence class, count], in order of appearance
+  for answer in answers:
+    if answer is None:
+      continue
+    seen = next((v for v in votes if math_answers.is_equiv(answer, v[0])), None)
+    if seen is None:
+      votes.append([answer, 1])
+    else:
+      seen[1] += 1
+  return max(votes, key=lambda v: v[1])[0] if votes else None  # max keeps the first on a tie
 
 
 def approves(response: str) -> bool:
@@ -566,12 +586,16 @@ class SpawnMathEnv(_MathEnv):
   dispatcher_system = DISPATCHER_SYSTEM
 
   def __init__(self, problem: MathProblem, format_penalty: float = 0.1, spawn_cost: float = 0.0,
-               latency_cost: float = 0.0, aggregation_bonus: float = 0.0):
+               latency_cost: float = 0.0, aggregation_bonus: float = 0.0, vote: bool = False):
     super().__init__(problem, 1)
     costs = dict(spawn_cost=spawn_cost, latency_cost=latency_cost,
                  aggregation_bonus=aggregation_bonus)
     if any(v < 0 for v in costs.values()):
       raise ValueError(f"spawn_cost, latency_cost and aggregation_bonus must be >= 0; got {costs}")
+    if vote and aggregation_bonus:
+      raise ValueError(f"aggregation_bonus={aggregation_bonus} rewards the aggregator's choice; "
+                       "with the plurality vote (the *_vote workflows) it chooses nothing")
+    self.vote = vote  # True: the team's answer is the workers' plurality, the aggregator unread
     self.format_penalty = format_penalty
     self.spawn_cost, self.latency_cost = spawn_cost, latency_cost
     self.aggregation_bonus = aggregation_bonus
@@ -633,7 +657,11 @@ class SpawnMathEnv(_MathEnv):
       return StepResult(agent, None, {agent: -self.format_penalty if invalid else 0.0}, False,
                         {"answer": self.answers[agent], "format_error": invalid,
                          "correct": self.problem.correct(self.answers[agent])})
-    answer = math_answers.last_boxed(response)
+    if self.vote:
+      answer, invalid = plurality([self.answers.get(w) for w in self.spawned]), False
+    else:
+      answer = math_answers.last_boxed(response)
+      invalid = answer is None
     self.final_correct = self.problem.correct(answer)
     any_correct = any(self.problem.correct(a) for a in self.answers.values())
     kept = any_correct and self.final_correct
@@ -641,9 +669,9 @@ class SpawnMathEnv(_MathEnv):
     self.turn = 1
     lengths = [len(self.solutions.get(w, "")) for w in self.spawned]
     speedup = sum(lengths) / max(lengths) if max(lengths) else 1.0
-    reward = (-self.format_penalty if answer is None else 0.0) + self.aggregation_bonus * kept
+    reward = (-self.format_penalty if invalid else 0.0) + self.aggregation_bonus * kept
     return StepResult(agent, None, {agent: reward}, True,
-                      {"answer": answer, "format_error": answer is None,
+                      {"answer": answer, "format_error": invalid,
                        "aggregate": list(self.spawned), "correct": self.final_correct,
                        "any_worker_correct": any_correct, "speedup": speedup,
                        "solved": self.solved})

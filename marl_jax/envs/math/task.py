@@ -22,6 +22,7 @@ from marl_jax.envs.math.env import (ATGRPOMathEnv, CheckedStopMathEnv, DelegateM
 # fixed exits 'stop_by_check' / 'stop_at_cap_checked' (the coordinator's observed state: whether
 # the answer matched the check, 1, or not, 0), 'spawn' a dispatcher spawning 1-4 solvers and an
 # aggregator, 'delegate' a dispatcher picking which of 4 specialists solve and an aggregator,
+# 'spawn_vote' / 'delegate_vote' those teams with the aggregate fixed to the workers' plurality,
 # 'marft' the profiled chain (default roles), 'single' one solver.
 WORKFLOWS = {
     "atgrpo": Workflow(ATGRPOMathEnv.agents, max_turns=4, tool_agents=frozenset({"tool"})),
@@ -40,10 +41,11 @@ WORKFLOWS = {
                       exit_agent="coordinator", exit_when=lambda response: False,
                       tool_agents=frozenset({"checker"}), num_states=2)
        for name in ("stop_by_check", "stop_at_cap_checked")},
-    "spawn": Workflow(SpawnMathEnv.agents, kind="spawn", max_turns=1, fixed_turns=True,
-                      spawn=spawns, topology="hierarchical"),
-    "delegate": Workflow(DelegateMathEnv.agents, kind="spawn", max_turns=1, fixed_turns=True,
-                         spawn=delegates, topology="hierarchical"),
+    **{name: Workflow(SpawnMathEnv.agents, kind="spawn", max_turns=1, fixed_turns=True,
+                      spawn=spawns, topology="hierarchical") for name in ("spawn", "spawn_vote")},
+    **{name: Workflow(DelegateMathEnv.agents, kind="spawn", max_turns=1, fixed_turns=True,
+                      spawn=delegates, topology="hierarchical")
+       for name in ("delegate", "delegate_vote")},
     "marft": Workflow(("reasoner", "actor"), max_turns=3),
     "single": Workflow(SingleMathEnv.agents, max_turns=1, fixed_turns=True, topology="unknown"),
 }
@@ -82,7 +84,8 @@ def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,
   variants, default 3) or step cap (marft, default 3). `round_cost` and `premature_penalty` price
   the coordinator's decisions (learned_stop and its fixed-exit variants only); `spawn_cost` each
   spawned solver, `latency_cost` the longest solver reply and `aggregation_bonus` rewards an
-  aggregate that kept a right answer (spawn and delegate only); refused elsewhere when set."""
+  aggregate that kept a right answer (spawn, delegate and their `_vote` variants, which refuse
+  the bonus); refused elsewhere when set."""
   if workflow not in WORKFLOWS:
     raise ValueError(f"unknown math workflow {workflow!r}; expected one of {list(WORKFLOWS)}")
   checked = {"learned_stop_checked": "learned", "stop_by_check": "check",
@@ -93,7 +96,8 @@ def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,
                      f"workflow {workflow!r} has none (got {round_cost}, {premature_penalty})")
   spawning = dict(spawn_cost=spawn_cost, latency_cost=latency_cost,
                   aggregation_bonus=aggregation_bonus)
-  if workflow not in ("spawn", "delegate") and any(spawning.values()):
+  spawners = ("spawn", "delegate", "spawn_vote", "delegate_vote")
+  if workflow not in spawners and any(spawning.values()):
     raise ValueError(f"{spawning} price the spawn and delegate workflows' dispatcher and "
                      f"aggregator; workflow {workflow!r} has none")
   problem = load_problem(**source)
@@ -108,10 +112,9 @@ def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,
   if workflow in stopping:
     return LearnedStopMathEnv(problem, turns, format_penalty, round_cost, premature_penalty,
                               learned=workflow == "learned_stop")
-  if workflow == "spawn":
-    return SpawnMathEnv(problem, format_penalty, **spawning)
-  if workflow == "delegate":
-    return DelegateMathEnv(problem, format_penalty, **spawning)
+  if workflow in spawners:
+    team = SpawnMathEnv if workflow.startswith("spawn") else DelegateMathEnv
+    return team(problem, format_penalty, **spawning, vote=workflow.endswith("_vote"))
   if workflow == "marft":
     return MARFTMathEnv(problem, tuple(roles), turns)
   return SingleMathEnv(problem)
