@@ -10,6 +10,8 @@ often the aggregate was right when some worker was) and the parallelism speedup 
 total reply length over the longest, the aggregate events' mean). Decisions of a workflow with
 states (`observed_state` on the event) are also counted per state, `by_state` {state: {decision:
 n}}: e.g. how often a stopper stopped after a matching check (1) and after a mismatch (0).
+Episodes that spawned workers and record `task_success` are grouped by how many, `by_spawned`
+{n: {episodes, success}} (its mean): the accuracy side of the spawn count's trade-off.
 
 Premature stop: stopped on a wrong answer while a later round would have fixed it. A stopped
 episode never shows its own later rounds, so the counterfactual is read from its siblings: the
@@ -46,6 +48,7 @@ def summarize(traces: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
   by_state: dict[int, collections.Counter[str]] = collections.defaultdict(collections.Counter)
   flags: collections.Counter[str] = collections.Counter()
   spawned_to: collections.Counter[str] = collections.Counter()
+  by_spawned: dict[int, list[float]] = collections.defaultdict(list)  # n -> task_success values
   # (task_id, round) -> whether a continue from a wrong answer there was right later (any sibling)
   fixed_after: dict[tuple[str, Any], bool] = {}
   wrong_stops: list[tuple[str, Any]] = []
@@ -72,6 +75,10 @@ def summarize(traces: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         fixed_after[at] = fixed_after.get(at, False) or later
         flags["continues_from_wrong"] += 1
         flags["later_round_fixes"] += later
+    success = trace.get("metrics", {}).get("task_success")
+    spawns = sum(e["type"] == "spawn" for e in events)
+    if spawns and success is not None:
+      by_spawned[spawns].append(float(success))
     for e in events:
       if e["type"] == "spawn":
         flags["spawned"] += 1
@@ -107,7 +114,8 @@ def summarize(traces: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
       "rewards": _channel_stats(rewards, total=False),
       "costs": _channel_stats(costs, total=True),
       "metrics": _channel_stats(metrics, total=False),
-      "decisions": _decision_stats(decisions, flags, spawned_to, episodes, by_state),
+      "decisions": _decision_stats(decisions, flags, spawned_to, episodes, by_state,
+                                   by_spawned),
   }
 
 
@@ -132,7 +140,8 @@ def format_summary(summary: Mapping[str, Any]) -> str:
 
 def _decision_stats(decisions: collections.Counter[str], flags: collections.Counter[str],
                     spawned_to: collections.Counter[str], episodes: int,
-                    by_state: Mapping[int, collections.Counter[str]]) -> dict[str, Any]:
+                    by_state: Mapping[int, collections.Counter[str]],
+                    by_spawned: Mapping[int, list[float]]) -> dict[str, Any]:
   """Counts and rates of learned orchestration decisions; empty when the traces hold none."""
   total = sum(decisions.values())
   if not total:
@@ -153,6 +162,9 @@ def _decision_stats(decisions: collections.Counter[str], flags: collections.Coun
   if flags["spawned"]:
     out["spawned_per_episode"] = flags["spawned"] / episodes
     out["spawned_to"] = dict(sorted(spawned_to.items()))
+    if by_spawned:
+      out["by_spawned"] = {str(n): {"episodes": len(v), "success": _mean(v)}
+                           for n, v in sorted(by_spawned.items())}
   if flags["aggregates"]:
     out.update(aggregates=flags["aggregates"], any_worker_right=flags["any_right"],
                kept_right_rate=(flags["kept_right"] / flags["any_right"]

@@ -118,6 +118,8 @@ def test_spawn_order_rewards_advantages_and_traces():
   assert summary["any_worker_right"] == sum(n >= 2 for n in ns)
   assert summary["kept_right_rate"] == pytest.approx(sum(n >= 3 for n in ns) /
                                                      sum(n >= 2 for n in ns))
+  assert summary["by_spawned"] == {str(n): {"episodes": ns.count(n), "success": _solved(n)}
+                                   for n in sorted(set(ns))}
 
 
 def test_spawn_count_parsing_and_spec():
