@@ -25,7 +25,9 @@ before this: `--config.algo.estimator=drmas --config.algo.group_by=problem_turn_
 `cpu`: the embedded SmolLM2-135M at the shared CPU preset's sizes (2 problems x 2 trajectories,
 48-token replies, 2 steps). Options RESULTS.md's probes use: one-operation problems
 (`--config.env.kwargs.level=one_step`, where a second round sometimes fixes a wrong answer) and RL
-on the coordinator alone (`--config.train.agents=coordinator`).
+on the coordinator alone (`--config.train.agents=coordinator`). With `program`,
+`--config.algo.balance_states=True` weighs the decisions after a match and after a mismatch
+equally (`AdvantageConfig.balance_states`; not measured yet).
 """
 
 from __future__ import annotations

@@ -72,6 +72,11 @@ class AdvantageConfig:
       "max" (CoMLRL's MAReMax: `R - max_siblings R`).
     normalize_batch: z-score advantages over all kept samples (tokens for gae_token) of the
       global batch after estimation (MARFT).
+    balance_states: weigh each state an agent was observed in equally: a sample's advantage is
+      scaled by n_a / (S_a x n_as), n_as the agent's kept samples in that state, n_a their sum
+      and S_a the states seen, so a frequent state cannot outvote a rare one on the features
+      both share (a learned stopper's matched and mismatched reviews). Needs group_by
+      "problem_turn_agent_state".
   """
   estimator: str = "grpo"
   group_by: str | None = None
@@ -86,6 +91,7 @@ class AdvantageConfig:
   clamp: float | None = None
   baseline: str = "mean"
   normalize_batch: bool = False
+  balance_states: bool = False
 
   def __post_init__(self):
     name = self.estimator
@@ -109,6 +115,9 @@ class AdvantageConfig:
     if self.normalize_std and name in _NO_STD:
       raise ValueError(f"estimator {name!r} never divides by a group std; set normalize_std to "
                        "None or False (normalize_batch z-scores the whole batch)")
+    if self.balance_states and self.group_by != "problem_turn_agent_state":
+      raise ValueError(f"balance_states weighs the states the groups split by; it needs "
+                       f"group_by 'problem_turn_agent_state', got {self.group_by!r}")
     if self.baseline not in MAGRPO_BASELINES:
       raise ValueError(f"unknown baseline {self.baseline!r}; expected one of "
                        f"{list(MAGRPO_BASELINES)}")

@@ -81,10 +81,26 @@ def _group_estimate(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
     if cfg.normalize_std:
       adv = adv / (g_std + cfg.eps)
   keep = train & in_kept_group
+  if cfg.balance_states:
+    adv = adv * _state_weights(batch, space, keep, axis_name)
   kept_cnt = seg_sum(jnp.ones_like(r), ids, in_kept_group, num, axis_name)
   metrics.update(groups=jnp.sum(cnt > 0).astype(jnp.float32),
                  groups_kept=jnp.sum(kept_cnt > 0).astype(jnp.float32))
   return finalize(jnp.where(keep, adv, 0.0), None, valid, keep, batch, cfg, axis_name, metrics)
+
+
+def _state_weights(batch: SampleBatch, space: GroupSpace, keep: jax.Array,
+                   axis_name: AxisName) -> jax.Array:
+  """f32[N] `AdvantageConfig.balance_states` weights, n_a / (S_a x n_as) over the kept samples:
+  each state an agent was seen in carries the same total weight, and the agent's total is
+  unchanged."""
+  a, s = space.num_agents, space.num_states
+  ids = batch.agent_id * s + batch.state  # in range where kept (group_ids checked both)
+  n_as = seg_sum(jnp.ones_like(batch.rewards), ids, keep, a * s, axis_name).reshape(a, s)
+  seen = n_as > 0
+  n_a = n_as.sum(axis=1, keepdims=True)
+  w = jnp.where(seen, n_a / (seen.sum(axis=1, keepdims=True) * jnp.maximum(n_as, 1.0)), 0.0)
+  return take(w.reshape(-1), ids)
 
 
 def grpo(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,

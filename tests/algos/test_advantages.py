@@ -164,6 +164,31 @@ def test_group_estimators_match_numpy(cfg_kw, ref_kw):
   check(batch, AdvantageConfig(**cfg_kw), GSPACE, adv, keep)
 
 
+def test_balance_states_weighs_each_agents_states_equally():
+  """at_grpo over state-matched groups, each advantage scaled by n_a / (S_a x n_as) (derived
+  here over the reference's kept samples): every state of an agent then sums to the same
+  weight n_a / S_a, on one device and on eight."""
+  batch = group_batch(np.random.default_rng(3))
+  adv, keep = ref_group(batch, "at_grpo", "problem_turn_agent_state", 1)
+  agent, state = np.asarray(batch.agent_id), np.asarray(batch.state)
+  n_as = collections.Counter(zip(agent[keep], state[keep]))
+  assert len(set(n_as.values())) > 1  # the states are unevenly filled, so weights differ
+  weight = np.zeros(len(adv))
+  for i in np.flatnonzero(keep):
+    n_a = sum(n for (a, _), n in n_as.items() if a == agent[i])
+    s_a = sum(1 for (a, _) in n_as if a == agent[i])
+    weight[i] = n_a / (s_a * n_as[(agent[i], state[i])])
+  assert np.any(np.abs(weight[keep] - 1.0) > 0.05)  # the balancing changes some advantages
+  check(batch, AdvantageConfig("at_grpo", group_by="problem_turn_agent_state",
+                               balance_states=True), GSPACE, adv * weight, keep)
+
+
+def test_balance_states_needs_state_matched_groups():
+  with pytest.raises(ValueError, match="balance_states weighs the states the groups split by; it "
+                     "needs group_by 'problem_turn_agent_state', got 'problem_turn_agent'"):
+    AdvantageConfig("at_grpo", group_by="problem_turn_agent", balance_states=True)
+
+
 @pytest.mark.parametrize("filt,group_by", [("lowest_mean", "problem_turn_agent"),
                                            ("lowest_mean", "problem_agent"),
                                            ("zero_variance", "problem_turn_agent")])
