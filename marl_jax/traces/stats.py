@@ -58,6 +58,7 @@ def summarize(traces: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     topologies[trace.get("topology", "unspecified")] += 1
     events = trace["events"]
     event_types.update(e["type"] for e in events)
+    success = trace.get("metrics", {}).get("task_success")
     decided = [e for e in events if e["type"] == "orchestrator_decision" and "decision" in e]
     for i, e in enumerate(decided):
       decisions[e["decision"]] += 1
@@ -70,20 +71,17 @@ def summarize(traces: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
       if e["decision"] == "stop" and e.get("rounds_left", 0) > 0:
         wrong_stops.append(at)
       elif e["decision"] == "continue":
-        later = (any(d.get("correct") for d in decided[i + 1:])
-                 or bool(trace.get("metrics", {}).get("task_success")))
+        later = any(d.get("correct") for d in decided[i + 1:]) or bool(success)
         fixed_after[at] = fixed_after.get(at, False) or later
         flags["continues_from_wrong"] += 1
         flags["later_round_fixes"] += later
-    success = trace.get("metrics", {}).get("task_success")
-    spawns = sum(e["type"] == "spawn" for e in events)
+    spawns = [e for e in events if e["type"] == "spawn"]
+    flags["spawned"] += len(spawns)
+    spawned_to.update(e.get("to", "unnamed") for e in spawns)
     if spawns and success is not None:
-      by_spawned[spawns].append(float(success))
+      by_spawned[len(spawns)].append(float(success))
     for e in events:
-      if e["type"] == "spawn":
-        flags["spawned"] += 1
-        spawned_to[e.get("to", "unnamed")] += 1
-      elif e["type"] == "aggregate" and "any_worker_correct" in e:
+      if e["type"] == "aggregate" and "any_worker_correct" in e:
         flags["aggregates"] += 1
         flags["speedups"] += "speedup" in e
         flags["speedup_sum"] += e.get("speedup", 0.0)

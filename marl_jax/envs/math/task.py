@@ -96,7 +96,8 @@ def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,
                      f"workflow {workflow!r} has none (got {round_cost}, {premature_penalty})")
   spawning = dict(spawn_cost=spawn_cost, latency_cost=latency_cost,
                   aggregation_bonus=aggregation_bonus)
-  spawners = ("spawn", "delegate", "spawn_vote", "delegate_vote")
+  spawners = {"spawn": (SpawnMathEnv, False), "spawn_vote": (SpawnMathEnv, True),
+              "delegate": (DelegateMathEnv, False), "delegate_vote": (DelegateMathEnv, True)}
   if workflow not in spawners and any(spawning.values()):
     raise ValueError(f"{spawning} price the spawn and delegate workflows' dispatcher and "
                      f"aggregator; workflow {workflow!r} has none")
@@ -113,8 +114,8 @@ def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,
     return LearnedStopMathEnv(problem, turns, format_penalty, round_cost, premature_penalty,
                               learned=workflow == "learned_stop")
   if workflow in spawners:
-    team = SpawnMathEnv if workflow.startswith("spawn") else DelegateMathEnv
-    return team(problem, format_penalty, **spawning, vote=workflow.endswith("_vote"))
+    team, vote = spawners[workflow]
+    return team(problem, format_penalty, **spawning, vote=vote)
   if workflow == "marft":
     return MARFTMathEnv(problem, tuple(roles), turns)
   return SingleMathEnv(problem)
