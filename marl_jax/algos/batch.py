@@ -284,6 +284,9 @@ class TrainBatch:
   samples: SampleBatch
   ref_logp: jax.Array | None = None  # [N, R] f32 frozen reference log-probs (KL term)
   num_prompts: int | None = flax.struct.field(pytree_node=False, default=None)
+  # Static: the policy of each block of a stacked batch that holds only some policies' blocks
+  # (an update on the trained rows, `parallel/minibatch.py`); None: block p is policy p.
+  policies: tuple[int, ...] | None = flax.struct.field(pytree_node=False, default=None)
 
 
 class RolloutSample(Protocol):

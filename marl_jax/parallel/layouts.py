@@ -182,6 +182,9 @@ class Stacked(_PerPolicyBlocks):
   def token_logprobs(self, cfg, run, policy, frozen, specs, batch):
     unstacked = jax.tree.map(lambda s: jax.sharding.PartitionSpec(*tuple(s)[1:]), specs[0],
                              is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    if batch.policies is not None:  # blocks of some policies only: run just those (their
+      # gradients scatter back into the stack; the others get zeros)
+      policy = jax.tree.map(lambda x: x[np.asarray(batch.policies)], policy)
     # A loop over the P policies (lax.map), not a vmap: vmapping the layer scan moves the policy
     # axis inside it, so XLA copied every stacked weight and weight gradient between
     # [P, L, ...] and [L, P, ...]. The loop reads policy p's slice and writes its gradient in
@@ -193,20 +196,26 @@ class Stacked(_PerPolicyBlocks):
     return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), tree)
 
   def unflatten(self, cfg, flat, like):
-    return jax.tree.map(lambda x: x.reshape((cfg.num_policies, -1) + x.shape[1:]), flat)
+    blocks = np.shape(like.response)[0]  # num_policies, or fewer (`TrainBatch.policies`)
+    return jax.tree.map(lambda x: x.reshape((blocks, -1) + x.shape[1:]), flat)
 
   def join(self, cfg, parts):
     return jax.tree.map(lambda *xs: np.stack(xs), *parts)
 
   def check_batch(self, cfg, batch):
     lead = np.shape(batch.response)[0]
-    if lead != cfg.num_policies:
+    if batch.policies is None and lead != cfg.num_policies:
       raise ValueError(f"stacked batch has {lead} policy blocks; expected num_policies="
                        f"{cfg.num_policies}")
+    ids = batch.policies
+    if ids is not None and (lead != len(ids) or not set(ids) <= set(range(cfg.num_policies))):
+      raise ValueError(f"stacked batch has {lead} policy blocks for policies {ids}; expected "
+                       f"one block per listed policy, each in [0, {cfg.num_policies})")
 
   def block_owner(self, cfg, batch):
     shape = np.shape(batch.samples.policy_id)
-    return np.broadcast_to(np.arange(shape[0])[:, None], shape)
+    ids = np.arange(shape[0]) if batch.policies is None else np.asarray(batch.policies)
+    return np.broadcast_to(ids[:, None], shape)
 
 
 class Mapped(_PerPolicyBlocks):

@@ -1,21 +1,29 @@
-"""PPO mini-batches and epochs over one rollout: the host loop around the jitted step.
+"""PPO mini-batches and epochs over one rollout, and updates on the trained rows only: the host
+loop around the jitted step.
 
     state, metrics = ppo_updates(fns, cfg, state, frozen, batch, rng)
 
 `fns.prepare` fixes the rollout's targets over the whole batch first (advantages, returns and the
 group filter's kept samples: groups span mini-batches; the learner's old log-probs and truncated
-IS weights when configured). Then each of `cfg.epochs` epochs shuffles the kept samples of every
-policy block and cuts them into mini-batches of `cfg.mini_batch_size` rows (None: the whole batch,
-unshuffled); each mini-batch is one call of the step, whose loss pairs are exact over that
-mini-batch (its own denominators, split over devices and micro-batches). The old log-probs stay
-those of the rollout, so from the second update on the PPO ratio moves away from 1 and the clip,
-dual clip and MARFT's `target_kl` act.
+IS weights when configured). The rows an update trains on are then those kept with a token in
+the loss (`trained_rows`): a sample of an agent RL leaves out (`config.train.agents`) still
+counts in its group's statistics, but no update computes it. Each of `cfg.epochs` epochs
+shuffles those rows of every policy block and cuts them into mini-batches of
+`cfg.mini_batch_size` rows (None: all of them in one update, in order); each mini-batch is one
+call of the step, whose loss pairs are exact over that mini-batch (its own denominators, split
+over devices and micro-batches). The old log-probs stay those of the rollout, so from the second
+update on the PPO ratio moves away from 1 and the clip, dual clip and MARFT's `target_kl` act.
 
-A block with fewer kept samples than the others (stacked / mapped teams) fills its share of the
-last mini-batches with masked rows; a mini-batch in which a policy has no rows at all still steps
-that policy's optimizer with a zero gradient (AdamW moments and weight decay move it), as a
-per-agent verl worker with fewer updates would not. The shuffles come from `rng`, which the
-trainer derives from (run key, step), so a resumed run repeats them exactly.
+A stacked team's blocks share one row count, so a block with fewer such rows than the others
+fills its share of the last mini-batches with masked rows, and a block with none is left out
+(the batch names the policies it holds, `TrainBatch.policies`, and the step runs only those). A
+mapped team's models each take their own block, so each block holds only its own rows, rounded
+up (`batch.round_rows`), and a policy with none keeps `fns.shards` masked rows. Either way a
+coordinator-only step of a three-model team computes the coordinator's rows, not the solver's
+and checker's. A mini-batch in which a policy has no rows at all still steps that policy's
+optimizer with a zero gradient (AdamW moments and weight decay move it), as a per-agent verl
+worker with fewer updates would not. The shuffles come from `rng`, which the trainer derives
+from (run key, step), so a resumed run repeats them exactly.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from marl_jax.parallel import layouts
 from marl_jax.parallel.gradients import RolloutTargets
 from marl_jax.parallel.train_step import TrainConfig, TrainFns, TrainState
 
-__all__ = ["mean_metrics", "plan", "ppo_updates", "select_rows"]
+__all__ = ["mean_metrics", "plan", "ppo_updates", "select_rows", "trained_rows"]
 
 
 def _blocks(cfg: TrainConfig, tree: Any) -> list[Any]:
@@ -55,27 +63,39 @@ def _join(cfg: TrainConfig, parts: list[Any]) -> Any:
   return parts[0]
 
 
-def plan(kept: list[np.ndarray], size: int, rng: np.random.Generator, multiple: int = 1
-         ) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
-  """One epoch's mini-batches: for each, (row indices [m] per block, valid [m] per block).
+def plan(kept: list[np.ndarray], size: int | None, rng: np.random.Generator, multiple: int = 1,
+         equal_blocks: bool = True) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
+  """One epoch's mini-batches: for each, (row indices [m_b] per block, valid [m_b] per block);
+  with `equal_blocks`, a block with no kept row (while another has some) gets None for both: it
+  is left out.
 
   `kept`: bool [rows] per block, the samples to train on. Each block's kept rows are shuffled
   and cut into chunks of `size`; there are as many mini-batches as the fullest block needs, and
-  slots past a block's rows point at row 0 with valid=False. m = `size`, or fewer when the
-  fullest block keeps fewer samples than that: `batch.round_rows` of its count, a multiple of
-  `multiple` (the pieces the rows split over). The same updates on the same samples, without
-  rows that are all padding: the AT-GRPO cpu preset keeps 4 of its 8 samples after the group
-  filter, and its 16-row mini-batch computed 12 padding rows."""
-  perms = [rng.permutation(np.flatnonzero(k)) for k in kept]
-  size = min(size, round_rows(max(len(p) for p in perms), multiple))  # >= the fullest's count
-  count = max(1, max(-(-len(p) // size) for p in perms))
+  slots past a block's rows point at row 0 with valid=False. `size` None: one mini-batch of every
+  kept row, in order (nothing to shuffle). m_b = `size`, or fewer when the block keeps fewer
+  samples than that: `batch.round_rows` of its count, a multiple of `multiple` (the pieces the
+  rows split over); with `equal_blocks` (blocks stacked into one array) every block takes the
+  fullest block's m. The same updates on the same samples, without rows that are all padding:
+  the AT-GRPO cpu preset keeps 4 of its 8 samples after the group filter, and its 16-row
+  mini-batch computed 12 padding rows."""
+  perms = [np.flatnonzero(k) if size is None else rng.permutation(np.flatnonzero(k))
+           for k in kept]
+  counts = [len(p) for p in perms]
+  fullest = max(counts)
+  size = round_rows(fullest, multiple) if size is None else size
+  sizes = [min(size, round_rows(fullest if equal_blocks else n, multiple)) for n in counts]
+  count = max(1, max(-(-n // s) for n, s in zip(counts, sizes)))
   out = []
   for u in range(count):
     idx, valid = [], []
-    for p in perms:
-      chunk = p[u * size:(u + 1) * size]
-      idx.append(np.concatenate([chunk, np.zeros(size - len(chunk), chunk.dtype)]))
-      valid.append(np.arange(size) < len(chunk))
+    for p, s in zip(perms, sizes):
+      if equal_blocks and not len(p) and fullest:
+        idx.append(None)
+        valid.append(None)
+        continue
+      chunk = p[u * s:(u + 1) * s]
+      idx.append(np.concatenate([chunk, np.zeros(s - len(chunk), chunk.dtype)]))
+      valid.append(np.arange(s) < len(chunk))
     out.append((idx, valid))
   return out
 
@@ -91,10 +111,15 @@ def _select_block(b, t: RolloutTargets, idx, valid):
 def select_rows(cfg: TrainConfig, batch: Any, targets: Any, idx: list[Any],
                 valid: list[Any]) -> tuple[Any, Any]:
   """(batch, targets) of one mini-batch: rows `idx` of each block, slots not `valid` masked.
-  `targets`: `RolloutTargets` in the batch's layout, as `TrainFns.prepare` returns them."""
-  parts = [_select_block(b, t, i, v) for b, t, i, v in
-           zip(_blocks(cfg, batch), _blocks(cfg, targets), idx, valid)]
-  return _join(cfg, [p[0] for p in parts]), _join(cfg, [p[1] for p in parts])
+  `targets`: `RolloutTargets` in the batch's layout, as `TrainFns.prepare` returns them. A block
+  whose `idx` is None (stacked) is left out, and the batch names the policies it holds."""
+  held = [p for p, i in enumerate(idx) if i is not None]
+  blocks = list(zip(_blocks(cfg, batch), _blocks(cfg, targets), idx, valid))
+  parts = [_select_block(*blocks[p]) for p in held]
+  mb, mt = _join(cfg, [p[0] for p in parts]), _join(cfg, [p[1] for p in parts])
+  if len(held) < len(idx):
+    mb = mb.replace(policies=tuple(held))
+  return mb, mt
 
 
 # One jitted copy for the process, so each (config, mini-batch shape) compiles once.
@@ -128,20 +153,38 @@ def mean_metrics(host: list[dict[str, Any]]) -> dict[str, np.ndarray]:
   return out
 
 
+def trained_rows(cfg: TrainConfig, batch: Any, targets: Any) -> list[np.ndarray]:
+  """bool [rows] per block: the samples an update trains on, those the group filter kept that
+  have a token in the loss. The others (padding, filtered samples, the samples of an agent RL
+  leaves out, `trainer.trained_samples`) add nothing to any loss term or denominator
+  (`losses.aggregate` counts tokens, or responses with a token), so leaving them out of the
+  updates changes no gradient, only the work."""
+  return [_host(t.sample_mask) & _host(jnp.any(b.samples.token_mask, axis=-1))
+          for b, t in zip(_blocks(cfg, batch), _blocks(cfg, targets))]
+
+
 def ppo_updates(fns: TrainFns, cfg: TrainConfig, state: TrainState, frozen: Any, batch: Any,
                 rng: np.random.Generator) -> tuple[TrainState, dict[str, Any]]:
   """Every update of one rollout (module docstring). Returns the new state and the metrics:
-  each step metric's mean over the updates, the advantage metrics of the whole rollout,
-  `updates` and `policy_skipped` (updates whose policy step target_kl or the guard skipped)."""
+  each step metric's mean over the updates (`agent/samples`: the rows they trained on), the
+  advantage metrics of the whole rollout, `updates` and `policy_skipped` (updates whose policy
+  step target_kl or the guard skipped)."""
   batch, targets, adv_metrics = fns.prepare(state.params, frozen, batch)
-  kept = [_host(t.sample_mask) for t in _blocks(cfg, targets)]
+  kept = trained_rows(cfg, batch, targets)
+  equal = not layouts.of(cfg.policy).per_policy_models
+  whole = None  # mini_batch_size None: the same rows each epoch (None: the batch as it is)
+  if cfg.mini_batch_size is None:
+    (idx, valid), = plan(kept, None, rng, fns.shards, equal)
+    if any(i is None or len(i) < len(k) for i, k in zip(idx, kept)):
+      whole = fns.shard_batch(_select_rows_jit(cfg, batch, targets, idx, valid))
   history = []
   for _ in range(cfg.epochs):
     if cfg.mini_batch_size is None:
-      state, metrics = fns.step(state, frozen, batch, targets)
+      mb, mt = (batch, targets) if whole is None else whole
+      state, metrics = fns.step(state, frozen, mb, mt)
       history.append(metrics)
       continue
-    for idx, valid in plan(kept, cfg.mini_batch_size, rng, fns.shards):
+    for idx, valid in plan(kept, cfg.mini_batch_size, rng, fns.shards, equal):
       mb, mt = fns.shard_batch(_select_rows_jit(cfg, batch, targets, idx, valid))
       state, metrics = fns.step(state, frozen, mb, mt)
       history.append(metrics)

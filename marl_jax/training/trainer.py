@@ -192,7 +192,8 @@ def trained_samples(samples: list[Sample], agents: frozenset[str]) -> list[Sampl
   """The rollout's samples as RL trains on them (`config.train.agents`). An untrained agent's
   sample keeps its reward and ids, so it still counts in its group's advantage statistics and
   the trained agents' advantages are those of a run that trains everyone; it is marked
-  `trained=False`, so its tokens are masked out of every loss term (`algos/batch.py`)."""
+  `trained=False`, so its tokens are masked out of every loss term (`algos/batch.py`), and the
+  updates leave its row out (`minibatch.trained_rows`)."""
   return [s if s.agent in agents else dataclasses.replace(s, trained=False) for s in samples]
 
 
@@ -291,7 +292,9 @@ class Run:
       batch = self.fns.old_values(self.state.params, self.frozen, batch)
     if self.fns.ref_logp is not None:  # the KL term's reference log-probs
       batch = self.fns.ref_logp(self.reference, self.frozen, batch)
-    if self.train_cfg.uses_targets:  # PPO mini-batches / epochs: shuffles from (run key, step)
+    if self.train_cfg.uses_targets or self.trained_agents != set(self.spec.agents):
+      # PPO mini-batches / epochs, or updates on the trained agents' rows only (a team RL
+      # trains in part: `minibatch.trained_rows`); shuffles from (run key, step)
       shuffle = np.random.default_rng(np.asarray(jax.random.key_data(
           jax.random.fold_in(jax.random.fold_in(self.run_key, 3), step))))
       self.state, metrics = minibatch.ppo_updates(self.fns, self.train_cfg, self.state,

@@ -96,6 +96,13 @@ def test_batch_checks_name_the_culprit():
   three = jax.tree.map(lambda x: np.concatenate([x, x[:1]]), batch)
   with pytest.raises(ValueError, match="3 policy blocks; expected num_policies=2"):
     layouts.validate_batch(stacked, SHAPE.space, AGENTS, three, shards=2)
+  one = jax.tree.map(lambda x: x[1:], batch)  # policy 1's block alone
+  layouts.validate_batch(stacked, SHAPE.space, AGENTS, one.replace(policies=(1,)), shards=2)
+  with pytest.raises(ValueError, match="sits in policy 0's block of the stacked batch"):
+    layouts.validate_batch(stacked, SHAPE.space, AGENTS, one.replace(policies=(0,)), shards=2)
+  with pytest.raises(ValueError, match=r"1 policy blocks for policies \(0, 1\); expected one "
+                     r"block per listed policy, each in \[0, 2\)"):
+    layouts.validate_batch(stacked, SHAPE.space, AGENTS, one.replace(policies=(0, 1)), shards=2)
   with pytest.raises(ValueError, match=r"keys \['checker', 'solver'\], got TrainBatch"):
     layouts.validate_batch(mapped, SHAPE.space, AGENTS, batch, shards=2)
   with pytest.raises(ValueError, match="2 pad ids for the 1 model config"):

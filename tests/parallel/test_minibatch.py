@@ -365,3 +365,79 @@ def test_per_policy_blocks_select_and_update(kind):
   state, out = minibatch.ppo_updates(fns, cfg, state, frozen_s, sharded,
                                      np.random.default_rng(0))
   assert out["updates"] == 2 and np.isfinite(out["loss"]) and abs(out["ratio"] - 1.0) > 1e-4
+
+
+def test_plan_gives_unequal_blocks_their_own_rows():
+  """Blocks that need not share a row count (a mapped team's) each take round_rows of their own
+  kept rows, a multiple of the pieces; a block with none keeps `multiple` masked rows. size None:
+  one mini-batch of every kept row in order."""
+  kept = [np.arange(16) % 3 == 0, np.zeros(16, bool), np.arange(16) < 3]  # 6, 0, 3 kept
+  for multiple, rows in ((1, [8, 1, 4]), (2, [8, 2, 4]), (8, [8, 8, 8])):
+    (idx, valid), = minibatch.plan(kept, None, None, multiple, equal_blocks=False)
+    assert [len(i) for i in idx] == rows and [v.sum() for v in valid] == [6, 0, 3]
+    for i, v, k in zip(idx, valid, kept):
+      np.testing.assert_array_equal(i[v], np.flatnonzero(k))  # in order
+  (idx, valid), = minibatch.plan(kept, None, None, 1)  # stacked blocks: the fullest's rows,
+  assert [None if i is None else len(i) for i in idx] == [8, None, 8]  # the empty one left out
+  assert valid[1] is None and [v.sum() for v in valid[::2]] == [6, 3]
+  mbs = minibatch.plan(kept, 4, np.random.default_rng(0), 1, equal_blocks=False)
+  assert len(mbs) == 2 and [len(i) for i in mbs[0][0]] == [4, 1, 4]
+
+
+@pytest.mark.parametrize("kind", ["shared", "stacked", "mapped"])
+def test_updates_leave_out_the_rows_of_agents_rl_does_not_train(kind):
+  """Agent 1 is not trained (its tokens masked, as `trainer.trained_samples` makes them): the
+  update on the rollout's targets computes only agent 0's rows (a stacked batch holds policy 0's
+  block alone; a mapped team's agent-1 block is `shards` masked rows), and its loss and
+  parameter change are those of the plain step on the whole masked batch."""
+  names = ("solver", "checker") if kind == "mapped" else ()
+  P = 1 if kind == "shared" else 2
+  policy = policies.PolicyConfig(kind=kind, models=(MODEL,) * (2 if names else 1),
+                                 num_policies=P, names=names,
+                                 optim=(OptimConfig(lr=1e-3, eps=1e-2, max_grad_norm=1e9),))
+  cfg = TrainConfig(policy=policy, advantage=AdvantageConfig("grpo"), loss=LossConfig(),
+                    space=SPACE, agent_policies=(0, 0) if P == 1 else None)
+  fns = make_train_step(cfg, make_mesh(2, 1, 1, devices=jax.devices()[:2]),
+                        compiler_options=FAST_COMPILE)
+  one = jax.jit(decoder.init_params, static_argnums=0)(MODEL, jax.random.key(0))
+  trainable, frozen = init_params(policy, jax.random.key(1),
+                                  base={k: one for k in names} if names else one)
+  flat = make_batch_at(one, policy_of_agent=(0, 0) if P == 1 else (0, 1))
+  agent = np.asarray(flat.samples.agent_id)
+  s = flat.samples
+  flat = flat.replace(samples=s.replace(token_mask=s.token_mask & (agent == 0)[:, None]))
+  if kind == "shared":
+    batch = flat
+  else:
+    blocks = [jax.tree.map(lambda x, a=a: np.asarray(x)[agent == a], flat) for a in range(A)]
+    batch = dict(zip(names, blocks)) if names else jax.tree.map(lambda *x: np.stack(x), *blocks)
+  rows = []
+
+  def step(state, frozen, b, t=None):
+    rows.append([(np.shape(x.response)[:-1], x.policies)
+                 for x in ([b[k] for k in names] if names else [b])])
+    return fns.step(state, frozen, b, t)
+
+  outs = {}
+  for path in ("plain", "rows"):
+    state, frozen_s, sharded = start(fns, trainable, frozen, batch)
+    before = host(state.params)
+    if path == "plain":
+      state, out = fns.step(state, frozen_s, sharded)
+    else:
+      state, out = minibatch.ppo_updates(fns._replace(step=step), cfg, state, frozen_s, sharded,
+                                         np.random.default_rng(0))
+    outs[path] = (host(out), jax.tree.map(np.subtract, host(state.params), before))
+  # A change is resolved to the ulp of the float32 param it moves: allow 4 of them.
+  ulps = [4 * np.spacing(np.abs(x).max()) for x in jax.tree.leaves(before)]
+  # agent 0 has N / A = 8 rows; the mapped checker keeps one masked row per device
+  assert rows == [{"shared": [((8,), None)], "stacked": [((1, 8), (0,))],
+                   "mapped": [((8,), None), ((2,), None)]}[kind]]
+  (plain, d_plain), (got, d_got) = outs["plain"], outs["rows"]
+  assert got["updates"] == 1 and abs(plain["loss"]) > 1e-4
+  np.testing.assert_allclose(got["loss"], plain["loss"], rtol=1e-5)
+  moved = 0
+  for x, y, ulp in zip(jax.tree.leaves(d_got), jax.tree.leaves(d_plain), ulps):
+    np.testing.assert_allclose(x, y, rtol=1e-4, atol=ulp)
+    moved += int(np.abs(y).max() > 0)
+  assert moved

@@ -112,22 +112,28 @@ def models(tmp_path_factory):
 @pytest.fixture
 def recorded(monkeypatch):
   """Every train step the trainer takes: host copies of (batch, params before, params after,
-  frozen params, metrics)."""
-  steps = []
+  frozen params, metrics) and the rollout's whole batch (`rollout`: the one `prepare` saw, when
+  the update trains on rows of it, else the step's own)."""
+  steps, prepared = [], []
   make = trainer.make_train_step
 
   def recording_make(cfg, mesh, *args, **kwargs):
     fns = make(cfg, mesh, *args, **kwargs)
 
+    def prepare(params, frozen, batch):
+      prepared.append(jax.device_get(batch))
+      return fns.prepare(params, frozen, batch)
+
     def step(state, frozen, batch, targets=None):
       before = jax.device_get(state.params)  # the step donates `state`
       new_state, metrics = fns.step(state, frozen, batch, targets)
-      steps.append(dict(batch=jax.device_get(batch), before=before,
-                        after=jax.device_get(new_state.params), frozen=jax.device_get(frozen),
-                        metrics=jax.device_get(metrics)))
+      batch = jax.device_get(batch)
+      steps.append(dict(batch=batch, rollout=prepared.pop() if prepared else batch,
+                        before=before, after=jax.device_get(new_state.params),
+                        frozen=jax.device_get(frozen), metrics=jax.device_get(metrics)))
       return new_state, metrics
 
-    return fns._replace(step=step)
+    return fns._replace(step=step, prepare=prepare)
 
   monkeypatch.setattr(trainer, "make_train_step", recording_make)
   return steps
@@ -189,19 +195,24 @@ def test_mapped_team_trains_each_model_on_its_own_samples(models, recorded, tmp_
 
 
 def test_train_agents_trains_only_the_named_agents(models, recorded, tmp_path):
-  """train.agents='first': the second agent acts (its samples and rewards are in the batch, so
-  its groups keep their statistics) but has no tokens in any loss, and its model stays bit for
-  bit; the first agent's update is exactly that of the run training both (per-agent groups)."""
+  """train.agents='first': the second agent acts (its samples and rewards are in the rollout's
+  batch, so its groups keep their statistics) but has no tokens in any loss, the update computes
+  none of its rows (its block is one masked row per device), and its model stays bit for bit; the first
+  agent's update is exactly that of the run training both (per-agent groups)."""
   c = _pair_config(models, quiet_below=0)
   c.train.steps = 1
+  c.rollout.problems_per_step *= 2  # 16 samples per agent: the second's block can shrink to 8
   trainer.train(c, str(tmp_path / "both"))
   c.train.agents = "first"
   trainer.train(c, str(tmp_path / "first"))
   both, first = recorded
-  second = first["batch"]["second"].samples
-  assert second.sample_mask.sum() == 8 and not second.token_mask.any()
+  second = first["rollout"]["second"].samples
+  assert second.sample_mask.sum() == 16 and not second.token_mask.any()
   np.testing.assert_array_equal(second.rewards, both["batch"]["second"].samples.rewards)
   assert second.rewards.any()
+  learner = first["batch"]["second"].samples  # one masked row for each of the 8 devices
+  assert learner.sample_mask.shape == (8,) and not learner.sample_mask.any()
+  assert first["batch"]["first"].samples.sample_mask.shape == (16,)
   np.testing.assert_array_equal(first["batch"]["first"].samples.token_mask,
                                 both["batch"]["first"].samples.token_mask)
   for name, moved in (("first", True), ("second", False)):

@@ -1,0 +1,106 @@
+r"""The learner's update when RL trains part of a team (`config.train.agents`): on the trained
+agents' rows only (`parallel/minibatch.trained_rows`) against the whole batch with the other
+agents' tokens masked (what such a run computed before), as JSON.
+
+    python -m experiments.bench_partial_step \
+        --config=configs/orchestration_stop.py:full,program,cpu --config.train.agents=coordinator \
+        [--config.env.kwargs.level=one_step --config.rollout.problems_per_step=4 \
+         --config.rollout.k=4 --repeats=2]
+
+The config's warm-start (when `sft.steps` > 0, as a run starts) and one rollout, then one update
+of the same params from that batch both ways: `fns.step` on the whole batch, and
+`minibatch.ppo_updates` (the trainer's path for a partial team), which computes only the trained
+rows. Each path is called once to compile, then --repeats times, each from a fresh state of the
+same params; the fastest call counts. The report gives each path's batch shape (rows per block;
+[blocks, rows] for a stacked team), its seconds and its loss (the same update both ways, so the
+losses agree to float32 rounding).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from experiments import cli
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file with a preset, as experiments.train takes it; "
+    "--config.train.agents must name the agents RL trains.", lock_config=True)
+_REPEATS = flags.DEFINE_integer("repeats", 2, "Timed calls per path (the fastest counts).")
+flags.mark_flags_as_required(["config"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  import jax
+  import numpy as np
+
+  from marl_jax.parallel import layouts, minibatch
+  from marl_jax.training import trainer
+
+  c = _CONFIG.value
+  if not c.train.agents:
+    raise app.UsageError("--config.train.agents is empty: every agent trains, so there is no "
+                         "row to leave out; name the agents RL trains (e.g. coordinator)")
+  run = trainer.Run(c, tempfile.mkdtemp(prefix="bench_partial_step_"))
+  if set(run.trained_agents) == set(run.spec.agents):
+    raise app.UsageError(f"--config.train.agents={c.train.agents!r} names every agent of "
+                         f"{list(run.spec.agents)}; nothing to leave out")
+  if c.sft.steps:
+    run.warm_start()
+  samples, _, _ = run._rollout()
+  batch = run._batch(trainer.trained_samples(samples, run.trained_agents), run.shape)
+  host_params = jax.device_get(run.state.params)
+  run.state = None
+  names = run.policy.names or ("policy",)
+  per_name = lambda b: [b[k] for k in names] if layouts.of(run.policy).per_policy_models else [b]
+  # [rows] per block, or [blocks, rows] of a stacked batch
+  shape_of = lambda b: [list(np.shape(x.response)[:-1]) for x in per_name(b)]
+  rows: list[list[int]] = []
+
+  def recording_step(state, frozen, b, targets=None):
+    rows.append(shape_of(b))
+    return run.fns.step(state, frozen, b, targets)
+
+  def fresh_state():
+    trainable, _ = run.fns.shard_params(host_params, run.frozen)
+    return run.fns.init(trainable)
+
+  paths = {
+      "whole_batch": lambda state: run.fns.step(state, run.frozen, batch),
+      "trained_rows": lambda state: minibatch.ppo_updates(
+          run.fns._replace(step=recording_step), run.train_cfg, state, run.frozen, batch,
+          np.random.default_rng(0)),
+  }
+  report = {"config": c.name, "trained_agents": sorted(run.trained_agents),
+            "samples": {a: sum(s.agent == a for s in samples) for a in run.spec.agents},
+            "blocks": list(names), "cores": os.cpu_count(), "jax": jax.__version__,
+            "results": {}}
+  for name, update in paths.items():
+    times, loss = [], None
+    for call in range(1 + _REPEATS.value):
+      state = fresh_state()
+      jax.block_until_ready(state)
+      rows.clear()
+      start = time.perf_counter()
+      state, metrics = update(state)
+      jax.block_until_ready((state, metrics))
+      times.append(time.perf_counter() - start)
+      loss = float(jax.device_get(metrics["loss"]))
+    report["results"][name] = {"batch_shape": rows[0] if rows else shape_of(batch), "first_call_s": times[0],
+                               "seconds": min(times[1:]), "loss": loss}
+    print(json.dumps({name: report["results"][name]}), flush=True)
+  whole, part = report["results"]["whole_batch"], report["results"]["trained_rows"]
+  report["speedup"] = whole["seconds"] / part["seconds"]
+  report["load_avg_after"] = os.getloadavg()
+  print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+  cli.run(main)
