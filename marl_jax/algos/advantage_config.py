@@ -77,6 +77,13 @@ class AdvantageConfig:
       and S_a the states seen, so a frequent state cannot outvote a rare one on the features
       both share (a learned stopper's matched and mismatched reviews). Needs group_by
       "problem_turn_agent_state".
+    normalize_states: divide each kept sample's advantage by the root mean square of its
+      agent's kept advantages in that state (+ eps), so every state's advantages have unit scale
+      while their ratios within the state stay as the estimator made them. With
+      normalize_std=False, a stopper's mismatched review keeps its 0.9 correctness gap above
+      its 0.1 round-cost gap (group z-scores make both +-0.7), and its matched review's cost
+      gaps are not outweighed by the mismatched state's larger rewards. Applied before
+      balance_states; needs group_by "problem_turn_agent_state".
   """
   estimator: str = "grpo"
   group_by: str | None = None
@@ -92,6 +99,7 @@ class AdvantageConfig:
   baseline: str = "mean"
   normalize_batch: bool = False
   balance_states: bool = False
+  normalize_states: bool = False
 
   def __post_init__(self):
     name = self.estimator
@@ -115,9 +123,10 @@ class AdvantageConfig:
     if self.normalize_std and name in _NO_STD:
       raise ValueError(f"estimator {name!r} never divides by a group std; set normalize_std to "
                        "None or False (normalize_batch z-scores the whole batch)")
-    if self.balance_states and self.group_by != "problem_turn_agent_state":
-      raise ValueError(f"balance_states weighs the states the groups split by; it needs "
-                       f"group_by 'problem_turn_agent_state', got {self.group_by!r}")
+    for field in ("balance_states", "normalize_states"):
+      if getattr(self, field) and self.group_by != "problem_turn_agent_state":
+        raise ValueError(f"{field} scales the states the groups split by; it needs group_by "
+                         f"'problem_turn_agent_state', got {self.group_by!r}")
     if self.baseline not in MAGRPO_BASELINES:
       raise ValueError(f"unknown baseline {self.baseline!r}; expected one of "
                        f"{list(MAGRPO_BASELINES)}")

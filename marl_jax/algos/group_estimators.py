@@ -81,6 +81,8 @@ def _group_estimate(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
     if cfg.normalize_std:
       adv = adv / (g_std + cfg.eps)
   keep = train & in_kept_group
+  if cfg.normalize_states:
+    adv = adv / (_state_rms(adv, batch, space, keep, axis_name) + cfg.eps)
   if cfg.balance_states:
     adv = adv * _state_weights(batch, space, keep, axis_name)
   kept_cnt = seg_sum(jnp.ones_like(r), ids, in_kept_group, num, axis_name)
@@ -89,14 +91,30 @@ def _group_estimate(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
   return finalize(jnp.where(keep, adv, 0.0), None, valid, keep, batch, cfg, axis_name, metrics)
 
 
+def _agent_state_ids(batch: SampleBatch, space: GroupSpace) -> tuple[jax.Array, int]:
+  """(int[N] id of each sample's (agent, observed state) pair, the number of pairs); in range
+  where kept (`group_ids` checked both)."""
+  return batch.agent_id * space.num_states + batch.state, space.num_agents * space.num_states
+
+
+def _state_rms(adv: jax.Array, batch: SampleBatch, space: GroupSpace, keep: jax.Array,
+               axis_name: AxisName) -> jax.Array:
+  """f32[N] `AdvantageConfig.normalize_states` scale: the root mean square of the kept
+  advantages [N] of each sample's (agent, state)."""
+  ids, num = _agent_state_ids(batch, space)
+  n = seg_sum(jnp.ones_like(adv), ids, keep, num, axis_name)
+  sq = seg_sum(jnp.square(adv), ids, keep, num, axis_name)
+  return take(jnp.sqrt(sq / jnp.maximum(n, 1.0)), ids)
+
+
 def _state_weights(batch: SampleBatch, space: GroupSpace, keep: jax.Array,
                    axis_name: AxisName) -> jax.Array:
   """f32[N] `AdvantageConfig.balance_states` weights, n_a / (S_a x n_as) over the kept samples:
   each state an agent was seen in carries the same total weight, and the agent's total is
   unchanged."""
   a, s = space.num_agents, space.num_states
-  ids = batch.agent_id * s + batch.state  # in range where kept (group_ids checked both)
-  n_as = seg_sum(jnp.ones_like(batch.rewards), ids, keep, a * s, axis_name).reshape(a, s)
+  ids, num = _agent_state_ids(batch, space)
+  n_as = seg_sum(jnp.ones_like(batch.rewards), ids, keep, num, axis_name).reshape(a, s)
   seen = n_as > 0
   n_a = n_as.sum(axis=1, keepdims=True)
   w = jnp.where(seen, n_a / (seen.sum(axis=1, keepdims=True) * jnp.maximum(n_as, 1.0)), 0.0)

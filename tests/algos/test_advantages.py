@@ -183,10 +183,37 @@ def test_balance_states_weighs_each_agents_states_equally():
                                balance_states=True), GSPACE, adv * weight, keep)
 
 
-def test_balance_states_needs_state_matched_groups():
-  with pytest.raises(ValueError, match="balance_states weighs the states the groups split by; it "
+@pytest.mark.parametrize("balance", [False, True])
+def test_normalize_states_gives_each_agents_states_unit_scale(balance):
+  """Mean-centred at_grpo over state-matched groups, each advantage divided by the root mean
+  square of its (agent, state)'s kept advantages (derived here), then, with balance_states, the
+  weights n_a / (S_a x n_as): each (agent, state) ends with mean square 1 (times its weight
+  squared), on one device and on eight."""
+  batch = group_batch(np.random.default_rng(3))
+  adv, keep = ref_group(batch, "at_grpo", "problem_turn_agent_state", 1, normalize_std=False)
+  agent, state = np.asarray(batch.agent_id), np.asarray(batch.state)
+  pairs = collections.defaultdict(list)
+  for i in np.flatnonzero(keep):
+    pairs[(agent[i], state[i])].append(i)
+  rms = {k: np.sqrt(np.mean(adv[v] ** 2)) for k, v in pairs.items()}
+  assert max(rms.values()) > 1.5 * min(rms.values())  # the scales differ before
+  want = np.zeros(len(adv))
+  for k, v in pairs.items():
+    want[v] = adv[v] / (rms[k] + 1e-6)
+    if balance:
+      n_a = sum(len(u) for (a, _), u in pairs.items() if a == k[0])
+      s_a = sum(1 for (a, _) in pairs if a == k[0])
+      want[v] *= n_a / (s_a * len(v))
+  check(batch, AdvantageConfig("at_grpo", group_by="problem_turn_agent_state",
+                               normalize_std=False, normalize_states=True,
+                               balance_states=balance), GSPACE, want, keep)
+
+
+@pytest.mark.parametrize("field", ["balance_states", "normalize_states"])
+def test_state_scaling_needs_state_matched_groups(field):
+  with pytest.raises(ValueError, match=f"{field} scales the states the groups split by; it "
                      "needs group_by 'problem_turn_agent_state', got 'problem_turn_agent'"):
-    AdvantageConfig("at_grpo", group_by="problem_turn_agent", balance_states=True)
+    AdvantageConfig("at_grpo", group_by="problem_turn_agent", **{field: True})
 
 
 @pytest.mark.parametrize("filt,group_by", [("lowest_mean", "problem_turn_agent"),
