@@ -8,12 +8,14 @@ agents' tokens masked (what such a run computed before), as JSON.
          --config.rollout.k=4 --repeats=2]
 
 The config's warm-start (when `sft.steps` > 0, as a run starts) and one rollout, then one update
-of the same params from that batch both ways: `fns.step` on the whole batch, and
+of the same params from that batch both ways: on the whole batch (`fns.prepare`, with the
+learner's old log-probs when the config recomputes them, then `fns.step`), and
 `minibatch.ppo_updates` (the trainer's path for a partial team), which computes only the trained
-rows. Each path is called once to compile, then --repeats times, each from a fresh state of the
-same params; the fastest call counts. The report gives each path's batch shape (rows per block;
-[blocks, rows] for a stacked team), its seconds and its loss (the same update both ways, so the
-losses agree to float32 rounding).
+rows, old log-probs included. Each path is called once to compile, then --repeats times, each
+from a fresh state of the same params; the fastest call counts. The report gives each path's
+batch shape (rows per block; [blocks, rows] for a stacked team), its seconds, its loss and its
+gradient norm (the same update both ways, so these agree to float32 rounding; at ratio 1 a
+z-scored policy loss is about 0, the gradient norm is not).
 """
 
 from __future__ import annotations
@@ -72,8 +74,14 @@ def main(argv):
     trainable, _ = run.fns.shard_params(host_params, run.frozen)
     return run.fns.init(trainable)
 
+  def whole_batch(state):  # the trainer's update before a359963: every row, untrained masked
+    if not run.train_cfg.uses_targets:
+      return run.fns.step(state, run.frozen, batch)
+    full, targets, _ = run.fns.prepare(state.params, run.frozen, batch)  # with old log-probs
+    return run.fns.step(state, run.frozen, full, targets)
+
   paths = {
-      "whole_batch": lambda state: run.fns.step(state, run.frozen, batch),
+      "whole_batch": whole_batch,
       "trained_rows": lambda state: minibatch.ppo_updates(
           run.fns._replace(step=recording_step), run.train_cfg, state, run.frozen, batch,
           np.random.default_rng(0)),
@@ -83,7 +91,7 @@ def main(argv):
             "blocks": list(names), "cores": os.cpu_count(), "jax": jax.__version__,
             "results": {}}
   for name, update in paths.items():
-    times, loss = [], None
+    times, loss, grad_norm = [], None, None
     for call in range(1 + _REPEATS.value):
       state = fresh_state()
       jax.block_until_ready(state)
@@ -92,9 +100,10 @@ def main(argv):
       state, metrics = update(state)
       jax.block_until_ready((state, metrics))
       times.append(time.perf_counter() - start)
-      loss = float(jax.device_get(metrics["loss"]))
+      loss, grad_norm = (float(jax.device_get(metrics[k])) for k in ("loss", "grad_norm"))
     report["results"][name] = {"batch_shape": rows[0] if rows else shape_of(batch), "first_call_s": times[0],
-                               "seconds": min(times[1:]), "loss": loss}
+                               "seconds": min(times[1:]), "loss": loss,
+                               "grad_norm": grad_norm}
     print(json.dumps({name: report["results"][name]}), flush=True)
   whole, part = report["results"]["whole_batch"], report["results"]["trained_rows"]
   report["speedup"] = whole["seconds"] / part["seconds"]

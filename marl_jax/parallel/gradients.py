@@ -134,28 +134,44 @@ def split_micro_map(cfg: TrainConfig, fn, tree: Any) -> Any:
       x.shape[1:ax + 1] + (-1,) + x.shape[ax + 2:]), out)
 
 
-def rollout_targets(cfg: TrainConfig, params, frozen, specs, batch
+def rollout_targets(cfg: TrainConfig, params, frozen, specs, batch, recompute: bool = True
                     ) -> tuple[Any, RolloutTargets, dict[str, jax.Array]]:
   """Per-device body of the once-per-rollout pass (module docstring, step 0): (the batch, with
-  `old_logp` replaced by the learner's when `cfg.recompute_old_logp`, its targets, the global
-  advantage metrics)."""
+  `old_logp` replaced by the learner's when `cfg.recompute_old_logp` and `recompute`, its
+  targets, the global advantage metrics). The advantages read only the samples' rewards and ids;
+  `recompute=False` leaves the learner's forward to `learner_old_logp` on the rows an update
+  trains on (`parallel/minibatch.py`)."""
+  layout = layouts.of(cfg.policy)
+  adv = estimate(flat_field(cfg, batch, "samples"), cfg.advantage, cfg.space,
+                 axis_name=BATCH_AXES)
+  targets = layout.unflatten(cfg.policy, RolloutTargets(
+      advantages=adv.advantages, returns=adv.returns, sample_mask=adv.sample_mask,
+      is_weight=None), batch)
+  if recompute and cfg.recompute_old_logp:
+    batch, targets = learner_old_logp(cfg, params, frozen, specs, batch, targets)
+  return batch, targets, adv.metrics
+
+
+def learner_old_logp(cfg: TrainConfig, params, frozen, specs, batch, targets: Any
+                     ) -> tuple[Any, Any]:
+  """Per-device body: the batch with `old_logp` replaced by the learner's (a teacher-forced
+  forward at `cfg.temperature`) and `targets` (`RolloutTargets` in the batch's layout) with the
+  truncated IS weights when `cfg.tis_cap` is set."""
   layout = layouts.of(cfg.policy)
   samples = flat_field(cfg, batch, "samples")
-  is_weight = None
-  if cfg.recompute_old_logp:
-    logp = split_micro_map(cfg, lambda b: policies.token_logprobs(
-        cfg.policy, params, frozen, specs, b, temperature=cfg.temperature,
-        logits_chunk=cfg.logits_chunk)[0], batch)
-    if cfg.tis_cap is not None:
-      is_weight = jnp.where(samples.token_mask, losses.tis_weight(
-          layout.flatten(cfg.policy, logp), flat_field(cfg, batch, "old_logp"), cfg.tis_cap,
-          cfg.loss.log_ratio_limit), 1.0)
-    batch = jax.tree.map(lambda b, lp: b.replace(old_logp=jnp.where(
-        b.samples.token_mask, lp, 0.0)), batch, logp, is_leaf=lambda x: hasattr(x, "old_logp"))
-  adv = estimate(samples, cfg.advantage, cfg.space, axis_name=BATCH_AXES)
-  targets = RolloutTargets(advantages=adv.advantages, returns=adv.returns,
-                           sample_mask=adv.sample_mask, is_weight=is_weight)
-  return batch, layout.unflatten(cfg.policy, targets, batch), adv.metrics
+  logp = split_micro_map(cfg, lambda b: policies.token_logprobs(
+      cfg.policy, params, frozen, specs, b, temperature=cfg.temperature,
+      logits_chunk=cfg.logits_chunk)[0], batch)
+  if cfg.tis_cap is not None:
+    is_weight = jnp.where(samples.token_mask, losses.tis_weight(
+        layout.flatten(cfg.policy, logp), flat_field(cfg, batch, "old_logp"), cfg.tis_cap,
+        cfg.loss.log_ratio_limit), 1.0)
+    weights = layout.unflatten(cfg.policy, is_weight, batch)
+    targets = jax.tree.map(lambda t, w: t.replace(is_weight=w), targets, weights,
+                           is_leaf=lambda x: isinstance(x, RolloutTargets))
+  batch = jax.tree.map(lambda b, lp: b.replace(old_logp=jnp.where(
+      b.samples.token_mask, lp, 0.0)), batch, logp, is_leaf=lambda x: hasattr(x, "old_logp"))
+  return batch, targets
 
 
 class Prepass(NamedTuple):

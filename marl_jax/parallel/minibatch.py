@@ -4,10 +4,11 @@ loop around the jitted step.
     state, metrics = ppo_updates(fns, cfg, state, frozen, batch, rng)
 
 `fns.prepare` fixes the rollout's targets over the whole batch first (advantages, returns and the
-group filter's kept samples: groups span mini-batches; the learner's old log-probs and truncated
-IS weights when configured). The rows an update trains on are then those kept with a token in
-the loss (`trained_rows`): a sample of an agent RL leaves out (`config.train.agents`) still
-counts in its group's statistics, but no update computes it. Each of `cfg.epochs` epochs
+group filter's kept samples: groups span mini-batches). The rows an update trains on are then
+those kept with a token in the loss (`trained_rows`): a sample of an agent RL leaves out
+(`config.train.agents`) still counts in its group's statistics, but no update computes it, and
+the learner's old log-probs and truncated IS weights, when configured, are computed for these
+rows alone (`fns.recompute`). Each of `cfg.epochs` epochs
 shuffles those rows of every policy block and cuts them into mini-batches of
 `cfg.mini_batch_size` rows (None: all of them in one update, in order); each mini-batch is one
 call of the step, whose loss pairs are exact over that mini-batch (its own denominators, split
@@ -48,8 +49,9 @@ def _blocks(cfg: TrainConfig, tree: Any) -> list[Any]:
   layout = layouts.of(cfg.policy)
   if layout.per_policy_models:
     return [tree[k] for k in cfg.policy.names]
-  if layout.sample_axis == 1:
-    return [jax.tree.map(lambda x, p=p: x[p], tree) for p in range(cfg.policy.num_policies)]
+  if layout.sample_axis == 1:  # num_policies blocks, or fewer (`TrainBatch.policies`)
+    return [jax.tree.map(lambda x, p=p: x[p], tree)
+            for p in range(np.shape(jax.tree.leaves(tree)[0])[0])]
   return [tree]
 
 
@@ -118,7 +120,8 @@ def select_rows(cfg: TrainConfig, batch: Any, targets: Any, idx: list[Any],
   parts = [_select_block(*blocks[p]) for p in held]
   mb, mt = _join(cfg, [p[0] for p in parts]), _join(cfg, [p[1] for p in parts])
   if len(held) < len(idx):
-    mb = mb.replace(policies=tuple(held))
+    ids = range(len(idx)) if batch.policies is None else batch.policies
+    mb = mb.replace(policies=tuple(ids[p] for p in held))
   return mb, mt
 
 
@@ -169,19 +172,19 @@ def ppo_updates(fns: TrainFns, cfg: TrainConfig, state: TrainState, frozen: Any,
   each step metric's mean over the updates (`agent/samples`: the rows they trained on), the
   advantage metrics of the whole rollout, `updates` and `policy_skipped` (updates whose policy
   step target_kl or the guard skipped)."""
-  batch, targets, adv_metrics = fns.prepare(state.params, frozen, batch)
+  batch, targets, adv_metrics = fns.prepare(state.params, frozen, batch, recompute=False)
   kept = trained_rows(cfg, batch, targets)
   equal = not layouts.of(cfg.policy).per_policy_models
-  whole = None  # mini_batch_size None: the same rows each epoch (None: the batch as it is)
-  if cfg.mini_batch_size is None:
-    (idx, valid), = plan(kept, None, rng, fns.shards, equal)
-    if any(i is None or len(i) < len(k) for i, k in zip(idx, kept)):
-      whole = fns.shard_batch(_select_rows_jit(cfg, batch, targets, idx, valid))
+  (idx, valid), = plan(kept, None, rng, fns.shards, equal)
+  if any(i is None or len(i) < len(k) for i, k in zip(idx, kept)):  # leave out the other rows
+    batch, targets = fns.shard_batch(_select_rows_jit(cfg, batch, targets, idx, valid))
+    kept = [v for v in valid if v is not None]
+  if fns.recompute is not None:  # the learner's old log-probs of the rows it trains on
+    batch, targets = fns.recompute(state.params, frozen, batch, targets)
   history = []
   for _ in range(cfg.epochs):
     if cfg.mini_batch_size is None:
-      mb, mt = (batch, targets) if whole is None else whole
-      state, metrics = fns.step(state, frozen, mb, mt)
+      state, metrics = fns.step(state, frozen, batch, targets)
       history.append(metrics)
       continue
     for idx, valid in plan(kept, cfg.mini_batch_size, rng, fns.shards, equal):

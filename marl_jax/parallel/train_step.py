@@ -7,12 +7,15 @@
     batch = fns.old_values(state.params, frozen, batch)     # critic configs only (MARFT)
     batch = fns.ref_logp(reference, frozen, batch)          # loss.kl_coef > 0 only
     state, metrics = fns.step(state, frozen, batch)         # one update per rollout, or:
-    batch, targets, adv_metrics = fns.prepare(state.params, frozen, batch)
+    batch, targets, adv_metrics = fns.prepare(state.params, frozen, batch, recompute=False)
+    batch, targets = fns.recompute(state.params, frozen, rows, their_targets)  # if configured
     state, metrics = fns.step(state, frozen, mini_batch, targets_of_mini_batch)  # per update
 
-PPO mini-batches and epochs (`parallel/minibatch.py` drives the updates) need the rollout's
-advantages fixed before the first update: `prepare` computes them over the whole rollout
-(`gradients.rollout_targets`), and each update's step takes them as `RolloutTargets`.
+PPO mini-batches and epochs, and updates on the trained rows only (`parallel/minibatch.py`
+drives the updates), need the rollout's advantages fixed before the first update: `prepare`
+computes them over the whole rollout (`gradients.rollout_targets`), `recompute` the learner's
+old log-probs of the rows the updates train on, and each update's step takes them as
+`RolloutTargets`.
 
 Inside the shard_map each device holds a slice of the samples and FSDP shards of the params, and
 `parallel/gradients.local_grads` computes advantages, global loss denominators, gradients
@@ -169,9 +172,13 @@ class TrainFns(NamedTuple):
   update: Callable[[TrainState, Any, Any], tuple[TrainState, dict[str, jax.Array]]]
   shard_params: Callable[[Any, Any], tuple[Any, Any]]  # (trainable, frozen) -> on the mesh
   shard_batch: Callable[[Any], Any]
-  # (trainable, frozen, batch) -> (batch, RolloutTargets, advantage metrics): the once-per-rollout
-  # pass of `gradients.rollout_targets`.
-  prepare: Callable[[Any, Any, Any], tuple[Any, gradients.RolloutTargets, Any]]
+  # (trainable, frozen, batch[, recompute=True]) -> (batch, RolloutTargets, advantage metrics):
+  # the once-per-rollout pass of `gradients.rollout_targets` (recompute=False: without the
+  # learner's old log-probs, which `recompute` then fills on the rows an update trains on).
+  prepare: Callable[..., tuple[Any, gradients.RolloutTargets, Any]]
+  # (trainable, frozen, batch, targets) -> (batch, targets) with the learner's old log-probs and
+  # truncated IS weights (`gradients.learner_old_logp`); None unless cfg.recompute_old_logp.
+  recompute: Callable[[Any, Any, Any, Any], tuple[Any, Any]] | None
   # (trainable, frozen, batch) -> the batch with the critic's rollout-time values filled in
   # (`samples.values`, `samples.token_values`); None without a critic.
   old_values: Callable[[Any, Any, Any], Any] | None = None
@@ -396,8 +403,17 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
 
   old_values = jit(sharded(lambda p, f, specs, b: fill_old_values(cfg, p, f, specs, b),
                            lambda specs, batch: batch_specs(batch)))
-  prepare = jit(sharded(lambda p, f, specs, b: gradients.rollout_targets(cfg, p, f, specs, b),
-                        lambda specs, batch: (batch_specs(batch), spec, P())))
+  prepares = {r: jit(sharded(
+      lambda p, f, specs, b, r=r: gradients.rollout_targets(cfg, p, f, specs, b, recompute=r),
+      lambda specs, batch: (batch_specs(batch), spec, P()))) for r in (True, False)}
+
+  def prepare(params, frozen, batch, recompute=True):
+    check(batch)
+    return prepares[recompute](params, frozen, batch)
+
+  recompute = jit(sharded(
+      lambda p, f, specs, bt: gradients.learner_old_logp(cfg, p, f, specs, *bt),
+      lambda specs, bt: (batch_specs(bt[0]), spec)))
   with_ref = lambda batch: jax.tree.map(lambda b: b.replace(ref_logp=b.old_logp), batch,
                                         is_leaf=lambda x: isinstance(x, TrainBatch))
   ref_logp = jit(sharded(lambda r, f, specs, b: fill_ref_logp(cfg, r, f, specs, b),
@@ -414,7 +430,10 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
       shard_params=shard_params,
       shard_batch=lambda batch: sharding.put(batch, mesh, batch_specs(batch)),
       old_values=_checked(check, old_values) if pcfg.critic is not None else None,
-      prepare=_checked(check, prepare),
+      prepare=prepare,
+      recompute=((lambda params, frozen, batch, targets: recompute(params, frozen,
+                                                                    (batch, targets)))
+                 if cfg.recompute_old_logp else None),
       ref_logp=(_checked(check, lambda ref, frozen, batch: ref_logp({"policy": ref}, frozen, batch))
                 if kl else None),
       reference_params=_reference_copy(layouts.of(pcfg).adapters) if kl else None,

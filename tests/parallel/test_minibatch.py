@@ -384,25 +384,29 @@ def test_plan_gives_unequal_blocks_their_own_rows():
   assert len(mbs) == 2 and [len(i) for i in mbs[0][0]] == [4, 1, 4]
 
 
+@pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("kind", ["shared", "stacked", "mapped"])
-def test_updates_leave_out_the_rows_of_agents_rl_does_not_train(kind):
+def test_updates_leave_out_the_rows_of_agents_rl_does_not_train(kind, recompute):
   """Agent 1 is not trained (its tokens masked, as `trainer.trained_samples` makes them): the
   update on the rollout's targets computes only agent 0's rows (a stacked batch holds policy 0's
   block alone; a mapped team's agent-1 block is `shards` masked rows), and its loss and
-  parameter change are those of the plain step on the whole masked batch."""
+  parameter change are those of the step on the whole masked batch. `recompute`: the learner's
+  old log-probs and TIS weights (cap 1.2, a sampler off by noise) of agent 0's rows only, against
+  `prepare`'s over the whole batch."""
   names = ("solver", "checker") if kind == "mapped" else ()
   P = 1 if kind == "shared" else 2
   policy = policies.PolicyConfig(kind=kind, models=(MODEL,) * (2 if names else 1),
                                  num_policies=P, names=names,
                                  optim=(OptimConfig(lr=1e-3, eps=1e-2, max_grad_norm=1e9),))
   cfg = TrainConfig(policy=policy, advantage=AdvantageConfig("grpo"), loss=LossConfig(),
-                    space=SPACE, agent_policies=(0, 0) if P == 1 else None)
+                    space=SPACE, agent_policies=(0, 0) if P == 1 else None,
+                    recompute_old_logp=recompute, tis_cap=1.2 if recompute else None)
   fns = make_train_step(cfg, make_mesh(2, 1, 1, devices=jax.devices()[:2]),
                         compiler_options=FAST_COMPILE)
   one = jax.jit(decoder.init_params, static_argnums=0)(MODEL, jax.random.key(0))
   trainable, frozen = init_params(policy, jax.random.key(1),
                                   base={k: one for k in names} if names else one)
-  flat = make_batch_at(one, policy_of_agent=(0, 0) if P == 1 else (0, 1))
+  flat = make_batch_at(one, noise=0.3 * recompute, policy_of_agent=(0, 0) if P == 1 else (0, 1))
   agent = np.asarray(flat.samples.agent_id)
   s = flat.samples
   flat = flat.replace(samples=s.replace(token_mask=s.token_mask & (agent == 0)[:, None]))
@@ -423,7 +427,7 @@ def test_updates_leave_out_the_rows_of_agents_rl_does_not_train(kind):
     state, frozen_s, sharded = start(fns, trainable, frozen, batch)
     before = host(state.params)
     if path == "plain":
-      state, out = fns.step(state, frozen_s, sharded)
+      state, out = fns.step(state, frozen_s, *fns.prepare(state.params, frozen_s, sharded)[:2])
     else:
       state, out = minibatch.ppo_updates(fns._replace(step=step), cfg, state, frozen_s, sharded,
                                          np.random.default_rng(0))

@@ -120,9 +120,9 @@ def recorded(monkeypatch):
   def recording_make(cfg, mesh, *args, **kwargs):
     fns = make(cfg, mesh, *args, **kwargs)
 
-    def prepare(params, frozen, batch):
+    def prepare(params, frozen, batch, **kwargs):
       prepared.append(jax.device_get(batch))
-      return fns.prepare(params, frozen, batch)
+      return fns.prepare(params, frozen, batch, **kwargs)
 
     def step(state, frozen, batch, targets=None):
       before = jax.device_get(state.params)  # the step donates `state`
