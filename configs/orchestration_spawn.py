@@ -15,13 +15,17 @@ aggregator for keeping a right answer one of the solvers had; the `drmas` estima
 whether the aggregator kept a right answer one of the solvers had and the parallelism speedup.
 `--config.env.workflow=spawn_vote` (or `delegate_vote`) evaluates the same checkpoint with the
 aggregation fixed: the team's answer is the solvers' plurality answer (the aggregator's reply is
-not read), the baseline a learned aggregator is compared with.
+not read), the baseline a learned aggregator is compared with. `checked` (workflow
+'spawn_checked') is `count` with a verified pick on problems that carry a check (generated at
+level 'equation': a * x + b = c, x whole): the team's answer is the first solver answer that
+passes the check by substitution, else the plurality; so each extra solver buys accuracy, as
+best-of-N with a verifier does, and the dispatcher's count trades it against `spawn_cost`.
 Everything else as `configs/drmas_math.py` (K = 8 independent episodes per question, lr 1e-6,
 Qwen3-4B: pass `--config.model=/path/to/Qwen3-4B`).
 
-`get_config("[DECISION][,MODELS][,cpu]")`: DECISION `count` (default) or `delegate`; MODELS
-`shared` (default: one model, role prompts), `lora` or `full` (one per agent: the four solvers
-then train four models). `cpu`: the embedded SmolLM2-135M at the shared CPU preset's sizes
+`get_config("[DECISION][,MODELS][,cpu]")`: DECISION `count` (default), `delegate` or
+`checked`; MODELS `shared` (default: one model, role prompts), `lora` or `full` (one per agent:
+the four solvers then train four models). `cpu`: the embedded SmolLM2-135M at the shared CPU preset's sizes
 (2 problems x 2 episodes, 48-token replies, 2 steps).
 """
 
@@ -29,7 +33,8 @@ from __future__ import annotations
 
 from configs import common
 
-DECISIONS = {"count": "spawn", "delegate": "delegate"}  # preset option -> math workflow
+DECISIONS = {"count": "spawn", "delegate": "delegate",
+             "checked": "spawn_checked"}  # preset option -> math workflow
 
 
 def get_config(preset: str | None = None):

@@ -139,7 +139,7 @@ def test_demonstrations_recover_from_mistakes(model_dir, tokenizer, workflow):
   assert 0.0 < metrics["sft/mistakes"] < 1.0 and metrics["sft/solved"] == 1.0
 
 
-@pytest.mark.parametrize("decision", ["count", "delegate"])
+@pytest.mark.parametrize("decision", ["count", "delegate", "checked"])
 def test_spawning_teams_demonstrate_every_call(model_dir, tokenizer, decision):
   """A spawning team's demonstration episode trains every call it makes: the dispatcher's
   decision, each worker it spawned and the aggregator, each on its demonstration."""

@@ -42,7 +42,7 @@ def test_unknown_names_fail_with_one_line():
                                        "expected one of \\['atgrpo', 'drmas', 'learned_stop', "
                                        "'stop_by_verifier', 'stop_at_cap', "
                                        "'learned_stop_checked', 'stop_by_check', "
-                                       "'stop_at_cap_checked', 'spawn', 'spawn_vote', "
+                                       "'stop_at_cap_checked', 'spawn', 'spawn_vote', 'spawn_checked', "
                                        "'delegate', 'delegate_vote', "
                                        "'marft', 'single'\\]"):
     registry.workflow_spec("math", "debate")

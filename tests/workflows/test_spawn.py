@@ -339,7 +339,61 @@ def test_vote_workflows_answer_with_the_workers_plurality(workflow):
   assert not any(e.solved for e in results[base].episodes)  # the aggregator's "-5" is unboxed
 
 
-def test_vote_workflows_refuse_an_aggregation_bonus():
+@pytest.mark.parametrize("workflow", ["spawn_vote", "spawn_checked"])
+def test_fixed_pick_workflows_refuse_an_aggregation_bonus(workflow):
+  pick = workflow.removeprefix("spawn_").removesuffix("ed")
   with pytest.raises(ValueError, match=r"aggregation_bonus=0.5 rewards the aggregator's choice; "
-                     r"with the plurality vote"):
-    registry.make_env("math", seed=0, workflow="spawn_vote", aggregation_bonus=0.5)
+                     f"with the fixed pick '{pick}'"):
+    registry.make_env("math", seed=0, workflow=workflow, level="equation",
+                      aggregation_bonus=0.5)
+
+
+def test_checked_pick_needs_problems_with_a_check():
+  """Generated problems default to the equation level; another level has no check."""
+  assert registry.make_env("math", seed=0, workflow="spawn_checked").problem.check
+  with pytest.raises(ValueError, match="has no check to verify answers with"):
+    registry.make_env("math", seed=0, workflow="spawn_checked", level="one_step")
+  with pytest.raises(ValueError, match="has no check to verify answers with"):
+    registry.make_env("math", workflow="spawn_checked",
+                      problem={"question": "1 + 1?", "answer": "2"})
+
+
+def test_checked_pick_answers_with_the_first_worker_that_passes_the_check():
+  """spawn_checked on equation problems: worker_1 answers wrong, the others right, and the
+  aggregator's reply is unread. The first passing answer wins, so an episode is solved exactly
+  when 2 or more solvers were spawned (derived here); the plurality vote on the same replies
+  needs 3 (a 1-1 tie goes to the wrong answer, given first); with every worker wrong the pick
+  falls back to their plurality."""
+  rng = random.Random(5)
+  picks = [rng.randint(1, 4) for _ in range(8)]  # 4 problems x K = 2
+  choices, wrong = iter(()), ()
+
+  def generate(requests, policy_id, params):
+    del policy_id, params
+    out = []
+    for r in requests:
+      if r.agent == "dispatcher":
+        out.append(Generation(f"#### {next(choices)}"))
+      elif r.agent == "aggregator":
+        out.append(Generation("\\boxed{-5}"))
+      else:
+        bad = r.agent in wrong
+        out.append(Generation(f"\\boxed{{{'-1' if bad else r.env.problem.answer}}}"))
+    return out
+
+  solved = {}
+  for name, wrong in (("spawn_checked", ("worker_1",)), ("spawn_vote", ("worker_1",)),
+                      ("spawn_checked", tuple(f"worker_{i}" for i in range(1, 5)))):
+    choices = iter(picks)
+    problems = [Problem("math", dict(seed=s, workflow=name, level="equation"), s)
+                for s in range(4)]
+    result = rollout(problems, registry.workflow_spec("math", name), generate, None,
+                     RolloutConfig(mode="independent", k=2))
+    spawned = [sum(e["type"] == "spawn" for e in ep.trace["events"]) for ep in result.episodes]
+    assert sorted(spawned) == sorted(picks)
+    solved[name, len(wrong)] = [(n, ep.solved) for n, ep in zip(spawned, result.episodes)]
+    assert all(ep.rewards["agent:aggregator"] == 0.0 for ep in result.episodes)
+  assert all(ok == (n >= 2) for n, ok in solved["spawn_checked", 1])
+  assert all(ok == (n >= 3) for n, ok in solved["spawn_vote", 1])
+  assert {n for n, _ in solved["spawn_checked", 1]} >= {1, 2}  # both outcomes occur
+  assert not any(ok for _, ok in solved["spawn_checked", 4])

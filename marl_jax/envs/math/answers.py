@@ -27,7 +27,10 @@ A decimal that merely rounds the exact value (0.333 for 1/3) is NOT accepted.
 
 from __future__ import annotations
 
+import ast
 import cmath
+import fractions
+import operator
 import random
 import re
 from typing import Any
@@ -203,3 +206,44 @@ def is_equiv(pred: str | None, gold: str) -> bool:
   if parsed_p is None or parsed_g is None:
     return p.replace(" ", "").lower() == g.replace(" ", "").lower()
   return _parsed_equal(parsed_p, parsed_g, deadline)
+
+
+_CHECK_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+              ast.Div: operator.truediv}
+
+
+def _check_value(node: ast.AST, x: fractions.Fraction, check: str) -> fractions.Fraction:
+  """One side of a check: whole numbers, x, + - * /, unary minus (exact rationals)."""
+  if isinstance(node, ast.Constant) and type(node.value) is int:
+    return fractions.Fraction(node.value)
+  if isinstance(node, ast.Name) and node.id == "x":
+    return x
+  if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+    return -_check_value(node.operand, x, check)
+  if isinstance(node, ast.BinOp) and type(node.op) in _CHECK_OPS:
+    return _CHECK_OPS[type(node.op)](_check_value(node.left, x, check),
+                                     _check_value(node.right, x, check))
+  raise ValueError(f"check {check!r}: {ast.dump(node)[:60]} is outside its grammar (whole "
+                   "numbers, x, + - * / and parentheses on each side of one ==)")
+
+
+def satisfies(check: str, candidate: str | None) -> bool:
+  """Whether the answer `candidate` makes the equation `check` in x hold exactly, e.g.
+  `3 * x + 7 == 25` with x = 6: an answer verified by substitution, without knowing the right
+  one (as public tests check code). A candidate that is not a rational number fails; a check
+  outside its grammar raises ValueError."""
+  try:
+    tree = ast.parse(check, mode="eval").body
+  except SyntaxError as e:
+    raise ValueError(f"check {check!r} is not an equation: {e.msg}") from None
+  if not (isinstance(tree, ast.Compare) and len(tree.ops) == 1 and isinstance(tree.ops[0], ast.Eq)):
+    raise ValueError(f"check {check!r}: expected one equation, LEFT == RIGHT")
+  value = parse(candidate) if isinstance(candidate, str) and candidate.strip() else None
+  x = fractions.Fraction(0)
+  if isinstance(value, sympy.Rational):
+    x = fractions.Fraction(int(value.p), int(value.q))
+  try:
+    holds = (_check_value(tree.left, x, check) == _check_value(tree.comparators[0], x, check))
+  except ZeroDivisionError:
+    holds = False
+  return holds and isinstance(value, sympy.Rational)

@@ -53,7 +53,7 @@ def format_number(value: fractions.Fraction) -> str:
   return f"{value.numerator}/{value.denominator}"
 
 
-LEVELS = ("multi_step", "one_step")
+LEVELS = ("multi_step", "one_step", "equation")
 
 
 def arithmetic_problem(seed: int, level: str = "multi_step") -> dict[str, str]:
@@ -63,13 +63,17 @@ def arithmetic_problem(seed: int, level: str = "multi_step") -> dict[str, str]:
   `level` "multi_step": two or three operations, fractions included; "one_step": one addition,
   subtraction or multiplication of small whole numbers, which a warm-started 135M team gets
   right about half the time, so a second attempt can change the outcome (learned orchestration
-  at CPU scale, RESULTS.md)."""
+  at CPU scale, RESULTS.md); "equation": an unknown whole number x with a * x + b = c, whose
+  row also holds that equation (`check`), so a candidate answer can be verified by
+  substituting it, the way public tests check code, without knowing the answer."""
   if level not in LEVELS:
     raise ValueError(f"unknown arithmetic level {level!r}; expected one of {LEVELS}")
   rng = random.Random(seed)
   name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
   if level == "one_step":
     return _one_step_problem(rng, name, item)
+  if level == "equation":
+    return _equation_problem(rng, name, item)
   kind = rng.randrange(5)
   if kind == 0:
     a, b, c = rng.randint(5, 60), rng.randint(2, 9), rng.randint(2, 12)
@@ -128,3 +132,12 @@ def _one_step_problem(rng: random.Random, name: str, item: str) -> dict[str, str
     q = f"{name} buys {a} packs with {b} {item} in each pack. How many {item} does {name} buy?"
     ans, steps = a * b, f"{a} * {b} = {a * b}"
   return {"question": q, "answer": str(ans), "solution": steps}
+
+
+def _equation_problem(rng: random.Random, name: str, item: str) -> dict[str, str]:
+  x, a, b = rng.randint(2, 12), rng.randint(2, 9), rng.randint(1, 30)
+  c = a * x + b
+  q = (f"{name} buys {a} boxes with the same number of {item} in each box, then gets {b} more "
+       f"{item}, and now has {c} {item}. How many {item} are in each box?")
+  return {"question": q, "answer": str(x), "solution": f"({c} - {b}) / {a} = {c - b} / {a} = {x}",
+          "check": f"{a} * x + {b} == {c}"}

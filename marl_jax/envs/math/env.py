@@ -59,6 +59,11 @@ is `solved` (1/0), which the estimators mix in as `alpha * team + local`.
           plurality answer (`plurality`: answers compared with `is_equiv`; a tie goes to the
           answer given first). The aggregator still replies to what it is shown, but its reply is
           not read (no format penalty; `aggregation_bonus` is refused).
+'spawn_checked'  'spawn' with the aggregation fixed to a verified pick, for problems that carry a
+          check (level 'equation': an equation in x the answer satisfies): the team's answer is
+          the first worker answer that passes it by substitution (`MathProblem.verifies`), else
+          the plurality; so more solvers buy accuracy as best-of-N with a verifier does, and the
+          dispatcher's count trades it against `spawn_cost`. The aggregator is unread, as above.
 'marft'   a sequential chain of profiled agents (default reasoner -> actor): each sees its profile,
           the transcript so far and the earlier agents' outputs of this step; only the last
           agent's `\\boxed{}` answer is scored (1/0 to it); "The answer is incorrect." is appended
@@ -163,9 +168,17 @@ class MathProblem:
   question: str
   answer: str
   solution: str = ""  # worked steps, when the source has them (generated problems do)
+  check: str = ""  # an equation in x the answer satisfies (level "equation"), "" when none
 
   def correct(self, predicted: str | None) -> bool:
     return math_answers.is_equiv(predicted, self.answer)
+
+  def verifies(self, candidate: str | None) -> bool:
+    """Whether `candidate` passes the problem's check by substitution (`answers.satisfies`):
+    what a team can verify without the answer."""
+    if not self.check:
+      raise ValueError(f"problem {self.question[:60]!r} has no check to verify answers with")
+    return math_answers.satisfies(self.check, candidate)
 
   def pick(self, n: int) -> int:
     """A fixed choice of 0..n-1 for this problem (its question's CRC-32 mod n): how the
@@ -585,17 +598,26 @@ class SpawnMathEnv(_MathEnv):
   agents = ("dispatcher", *(f"worker_{i}" for i in range(1, MAX_WORKERS + 1)), "aggregator")
   dispatcher_system = DISPATCHER_SYSTEM
 
+  PICKS = ("learned", "vote", "check")
+
   def __init__(self, problem: MathProblem, format_penalty: float = 0.1, spawn_cost: float = 0.0,
-               latency_cost: float = 0.0, aggregation_bonus: float = 0.0, vote: bool = False):
+               latency_cost: float = 0.0, aggregation_bonus: float = 0.0, pick: str = "learned"):
     super().__init__(problem, 1)
     costs = dict(spawn_cost=spawn_cost, latency_cost=latency_cost,
                  aggregation_bonus=aggregation_bonus)
     if any(v < 0 for v in costs.values()):
       raise ValueError(f"spawn_cost, latency_cost and aggregation_bonus must be >= 0; got {costs}")
-    if vote and aggregation_bonus:
+    if pick not in self.PICKS:
+      raise ValueError(f"unknown pick {pick!r}; expected one of {self.PICKS}")
+    if pick != "learned" and aggregation_bonus:
       raise ValueError(f"aggregation_bonus={aggregation_bonus} rewards the aggregator's choice; "
-                       "with the plurality vote (the *_vote workflows) it chooses nothing")
-    self.vote = vote  # True: the team's answer is the workers' plurality, the aggregator unread
+                       f"with the fixed pick {pick!r} it chooses nothing")
+    if pick == "check":
+      problem.verifies(None)  # refuses a problem without a check, or a malformed one
+    # How the team's answer is picked: 'learned' the aggregator's reply; 'vote' the workers'
+    # plurality and 'check' the first worker answer that passes the problem's check (else the
+    # plurality), the aggregator's reply unread.
+    self.pick = pick
     self.format_penalty = format_penalty
     self.spawn_cost, self.latency_cost = spawn_cost, latency_cost
     self.aggregation_bonus = aggregation_bonus
@@ -657,8 +679,10 @@ class SpawnMathEnv(_MathEnv):
       return StepResult(agent, None, {agent: -self.format_penalty if invalid else 0.0}, False,
                         {"answer": self.answers[agent], "format_error": invalid,
                          "correct": self.problem.correct(self.answers[agent])})
-    if self.vote:
-      answer, invalid = plurality([self.answers.get(w) for w in self.spawned]), False
+    if self.pick != "learned":
+      answers = [self.answers.get(w) for w in self.spawned]
+      passing = [a for a in answers if self.pick == "check" and self.problem.verifies(a)]
+      answer, invalid = (passing[0] if passing else plurality(answers)), False
     else:
       answer = math_answers.last_boxed(response)
       invalid = answer is None

@@ -23,6 +23,8 @@ from marl_jax.envs.math.env import (ATGRPOMathEnv, CheckedStopMathEnv, DelegateM
 # the answer matched the check, 1, or not, 0), 'spawn' a dispatcher spawning 1-4 solvers and an
 # aggregator, 'delegate' a dispatcher picking which of 4 specialists solve and an aggregator,
 # 'spawn_vote' / 'delegate_vote' those teams with the aggregate fixed to the workers' plurality,
+# 'spawn_checked' the spawn team with the aggregate fixed to the first worker answer that passes
+# the problem's check by substitution (problems with a check: level 'equation'),
 # 'marft' the profiled chain (default roles), 'single' one solver.
 WORKFLOWS = {
     "atgrpo": Workflow(ATGRPOMathEnv.agents, max_turns=4, tool_agents=frozenset({"tool"})),
@@ -42,7 +44,8 @@ WORKFLOWS = {
                       tool_agents=frozenset({"checker"}), num_states=2)
        for name in ("stop_by_check", "stop_at_cap_checked")},
     **{name: Workflow(SpawnMathEnv.agents, kind="spawn", max_turns=1, fixed_turns=True,
-                      spawn=spawns, topology="hierarchical") for name in ("spawn", "spawn_vote")},
+                      spawn=spawns, topology="hierarchical")
+       for name in ("spawn", "spawn_vote", "spawn_checked")},
     **{name: Workflow(DelegateMathEnv.agents, kind="spawn", max_turns=1, fixed_turns=True,
                       spawn=delegates, topology="hierarchical")
        for name in ("delegate", "delegate_vote")},
@@ -70,7 +73,8 @@ def load_problem(problem: dict[str, Any] | None = None, *, path: str | None = No
   if not isinstance(problem.get("question"), str) or problem.get("answer") is None:
     raise ValueError(f"a math problem needs 'question' (str) and 'answer'; got keys "
                      f"{sorted(problem)}")
-  return MathProblem(problem["question"], str(problem["answer"]), problem.get("solution", ""))
+  return MathProblem(problem["question"], str(problem["answer"]), problem.get("solution", ""),
+                     problem.get("check", ""))
 
 
 def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,
@@ -84,8 +88,8 @@ def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,
   variants, default 3) or step cap (marft, default 3). `round_cost` and `premature_penalty` price
   the coordinator's decisions (learned_stop and its fixed-exit variants only); `spawn_cost` each
   spawned solver, `latency_cost` the longest solver reply and `aggregation_bonus` rewards an
-  aggregate that kept a right answer (spawn, delegate and their `_vote` variants, which refuse
-  the bonus); refused elsewhere when set."""
+  aggregate that kept a right answer (spawn, delegate and their fixed-pick variants, which
+  refuse the bonus); refused elsewhere when set."""
   if workflow not in WORKFLOWS:
     raise ValueError(f"unknown math workflow {workflow!r}; expected one of {list(WORKFLOWS)}")
   checked = {"learned_stop_checked": "learned", "stop_by_check": "check",
@@ -96,11 +100,14 @@ def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,
                      f"workflow {workflow!r} has none (got {round_cost}, {premature_penalty})")
   spawning = dict(spawn_cost=spawn_cost, latency_cost=latency_cost,
                   aggregation_bonus=aggregation_bonus)
-  spawners = {"spawn": (SpawnMathEnv, False), "spawn_vote": (SpawnMathEnv, True),
-              "delegate": (DelegateMathEnv, False), "delegate_vote": (DelegateMathEnv, True)}
+  spawners = {"spawn": (SpawnMathEnv, "learned"), "spawn_vote": (SpawnMathEnv, "vote"),
+              "spawn_checked": (SpawnMathEnv, "check"), "delegate": (DelegateMathEnv, "learned"),
+              "delegate_vote": (DelegateMathEnv, "vote")}
   if workflow not in spawners and any(spawning.values()):
     raise ValueError(f"{spawning} price the spawn and delegate workflows' dispatcher and "
                      f"aggregator; workflow {workflow!r} has none")
+  if workflow == "spawn_checked" and source.get("seed") is not None and not source.get("level"):
+    source = {**source, "level": "equation"}  # the one generated level whose rows carry a check
   problem = load_problem(**source)
   turns = max_turns or WORKFLOWS[workflow].max_turns
   if workflow == "atgrpo":
@@ -114,8 +121,8 @@ def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,
     return LearnedStopMathEnv(problem, turns, format_penalty, round_cost, premature_penalty,
                               learned=workflow == "learned_stop")
   if workflow in spawners:
-    team, vote = spawners[workflow]
-    return team(problem, format_penalty, **spawning, vote=vote)
+    team, pick = spawners[workflow]
+    return team(problem, format_penalty, **spawning, pick=pick)
   if workflow == "marft":
     return MARFTMathEnv(problem, tuple(roles), turns)
   return SingleMathEnv(problem)

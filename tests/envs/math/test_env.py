@@ -137,6 +137,42 @@ def test_one_step_level_is_one_exact_operation():
   assert env.problem.question == math_data.arithmetic_problem(5, "one_step")["question"]
 
 
+def test_equation_level_carries_a_check_its_answer_alone_passes():
+  """`level="equation"`: a * x + b = c with a, b, c read from the wording (a boxes, b more, c in
+  all; re-derived here), x a whole number; the row's check is that equation, the answer passes
+  it and its neighbours do not, and the worked solution's first expression is the answer."""
+  for seed in range(200):
+    problem = math_data.arithmetic_problem(seed, "equation")
+    assert problem == math_data.arithmetic_problem(seed, "equation")
+    a, b, c = [int(v) for v in re.findall(r"\d+", problem["question"])]
+    x = fractions.Fraction(c - b, a)
+    assert x.denominator == 1 and problem["answer"] == str(x)
+    assert problem["check"] == f"{a} * x + {b} == {c}"
+    assert math_answers.satisfies(problem["check"], problem["answer"])
+    assert not math_answers.satisfies(problem["check"], str(x + 1))
+    assert not math_answers.satisfies(problem["check"], str(x - 1))
+    first = problem["solution"].split(" = ")[0]
+    assert eval(re.sub(r"\d+", lambda m: f"fractions.Fraction({m.group()})", first)) == x
+  env = registry.make_env("math", workflow="spawn_checked", seed=4, level="equation")
+  assert env.problem.check == math_data.arithmetic_problem(4, "equation")["check"]
+
+
+def test_satisfies_substitutes_exactly_and_refuses_other_checks():
+  check = "3 * x + 7 == 25"
+  for candidate, expected in (("6", True), ("6.0", True), ("\\frac{12}{2}", True),
+                              ("12/2", True), ("5", False), ("x = 6", True), ("six", False),
+                              ("", False), (None, False), ("6, 7", False)):
+    assert math_answers.satisfies(check, candidate) is expected, candidate
+  assert math_answers.satisfies("(x - 1) / 2 == -x", "1/3")  # exact rationals
+  assert not math_answers.satisfies("1 / (x - 2) == 1", "2")  # a division by zero fails
+  for bad, message in (("3 * x + 7", "expected one equation"),
+                       ("x ** 2 == 4", "outside its grammar"),
+                       ("__import__('os') == 0", "outside its grammar"),
+                       ("x == 1 == 1", "expected one equation"), ("x ==", "not an equation")):
+    with pytest.raises(ValueError, match=message):
+      math_answers.satisfies(bad, "1")
+
+
 def test_level_is_refused_where_it_picks_nothing():
   with pytest.raises(ValueError, match="unknown arithmetic level 'hard'"):
     registry.make_env("math", workflow="drmas", seed=1, level="hard")
