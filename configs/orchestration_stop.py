@@ -27,8 +27,9 @@ before this: `--config.algo.estimator=drmas --config.algo.group_by=problem_turn_
 (`--config.env.kwargs.level=one_step`, where a second round sometimes fixes a wrong answer) and RL
 on the coordinator alone (`--config.train.agents=coordinator`). With `program`,
 `--config.algo.balance_states=True` weighs the decisions after a match and after a mismatch
-equally (`AdvantageConfig.balance_states`; on seed 1 it did not prevent the collapse to
-stopping at once, RESULTS.md).
+equally (`AdvantageConfig.balance_states`), and `--config.algo.normalize_states=True` with
+`--config.algo.normalize_std=False` gives each state's mean-centred advantages unit scale; on
+seed 1 neither prevented the collapse to stopping at once (RESULTS.md).
 """
 
 from __future__ import annotations
