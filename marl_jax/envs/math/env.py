@@ -681,7 +681,7 @@ class SpawnMathEnv(_MathEnv):
                          "correct": self.problem.correct(self.answers[agent])})
     if self.pick != "learned":
       answers = [self.answers.get(w) for w in self.spawned]
-      passing = [a for a in answers if self.pick == "check" and self.problem.verifies(a)]
+      passing = [a for a in answers if self.problem.verifies(a)] if self.pick == "check" else []
       answer, invalid = (passing[0] if passing else plurality(answers)), False
     else:
       answer = math_answers.last_boxed(response)
