@@ -44,16 +44,16 @@ def main(argv):
   import numpy as np
 
   from marl_jax.parallel import layouts, minibatch
+  from marl_jax.training import config as config_lib
   from marl_jax.training import trainer
 
   c = _CONFIG.value
-  if not c.train.agents:
-    raise app.UsageError("--config.train.agents is empty: every agent trains, so there is no "
-                         "row to leave out; name the agents RL trains (e.g. coordinator)")
+  spec = config_lib.build(c).spec  # before any model loads
+  if config_lib.trained_agents(c, spec) == set(spec.agents):
+    raise app.UsageError(f"--config.train.agents={c.train.agents!r} trains every agent of "
+                         f"{list(spec.agents)}, so no row is left out; name the agents RL "
+                         "trains (e.g. coordinator)")
   run = trainer.Run(c, tempfile.mkdtemp(prefix="bench_partial_step_"))
-  if set(run.trained_agents) == set(run.spec.agents):
-    raise app.UsageError(f"--config.train.agents={c.train.agents!r} names every agent of "
-                         f"{list(run.spec.agents)}; nothing to leave out")
   if c.sft.steps:
     run.warm_start()
   samples, _, _ = run._rollout()

@@ -162,7 +162,7 @@ def trained_rows(cfg: TrainConfig, batch: Any, targets: Any) -> list[np.ndarray]
   leaves out, `trainer.trained_samples`) add nothing to any loss term or denominator
   (`losses.aggregate` counts tokens, or responses with a token), so leaving them out of the
   updates changes no gradient, only the work."""
-  return [_host(t.sample_mask) & _host(jnp.any(b.samples.token_mask, axis=-1))
+  return [_host(t.sample_mask & jnp.any(b.samples.token_mask, axis=-1))  # one copy per block
           for b, t in zip(_blocks(cfg, batch), _blocks(cfg, targets))]
 
 
