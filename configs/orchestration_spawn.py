@@ -25,13 +25,17 @@ Qwen3-4B: pass `--config.model=/path/to/Qwen3-4B`).
 
 `get_config("[DECISION][,MODELS][,cpu]")`: DECISION `count` (default), `delegate` or
 `checked`; MODELS `shared` (default: one model, role prompts), `lora` or `full` (one per agent:
-the four solvers then train four models). `cpu`: the embedded SmolLM2-135M at the shared CPU preset's sizes
+the four solvers then train four models), or `split`: two full models, the dispatcher's own and
+one that every worker and the aggregator share (`config.policy.share`), with RL on the
+dispatcher alone (`config.train.agents`), so the workers the count buys stay fixed while the
+count is learned (on one shared model, RL moves them too). `cpu`: the embedded SmolLM2-135M at the shared CPU preset's sizes
 (2 problems x 2 episodes, 48-token replies, 2 steps).
 """
 
 from __future__ import annotations
 
 from configs import common
+from marl_jax.workflows import registry
 
 DECISIONS = {"count": "spawn", "delegate": "delegate",
              "checked": "spawn_checked"}  # preset option -> math workflow
@@ -39,13 +43,17 @@ DECISIONS = {"count": "spawn", "delegate": "delegate",
 
 def get_config(preset: str | None = None):
   choice, cpu = common.parse_preset(preset, {"decision": tuple(DECISIONS),
-                                             "models": common.MODELS})
+                                             "models": (*common.MODELS, "split")})
   c = common.drmas_config("math", "drmas", model="qwen3-4b", max_turns=1, questions=32, k=8,
                           entropy_coef=0.0)
   c.name = f"orchestration_{DECISIONS[choice['decision']]}_math_{choice['models']}"
   c.env.workflow = DECISIONS[choice["decision"]]
   c.algo.group_by = "problem_turn_agent"
-  common.apply_models(c, choice["models"])
+  split = choice["models"] == "split"
+  common.apply_models(c, "full" if split else choice["models"])
+  if split:
+    dispatcher, *rest = registry.task("math", c.env.workflow).workflows[c.env.workflow].agents
+    c.policy.share, c.train.agents = ("+".join(rest),), dispatcher
   common.data_fields(c, **common.MATH_DATA)
   c.env.kwargs.spawn_cost = 0.1
   c.env.kwargs.latency_cost, c.env.kwargs.aggregation_bonus = 0.0, 0.0

@@ -65,10 +65,11 @@ def base_config() -> ml_collections.ConfigDict:
   # Team policies: "shared" (one model, role prompts), "lora" (one adapter per role over a frozen
   # base), "stacked" (one full model per role), "mapped" (one full model per role, each its own
   # architecture and tokenizer: `models` lists one name or path per policy in agent order; empty
-  # = `model` for every policy). `critic`: hidden sizes of MARFT's value head over the frozen
+  # = `model` for every policy). `share`: groups of agents of a per-role team that act with one
+  # policy, each "a+b+..." (workflows/registry.py), e.g. ("worker_1+worker_2",). `critic`: hidden sizes of MARFT's value head over the frozen
   # LoRA base (e.g. (1024, 512)); None = no critic.
   c.policy = ml_collections.ConfigDict(dict(
-      kind="shared", per_role=False, models=(), critic=config_dict.placeholder(tuple),
+      kind="shared", per_role=False, share=(), models=(), critic=config_dict.placeholder(tuple),
       critic_optim=section(_CRITIC_OPTIM)))
   c.lora = section(LoraConfig())
   # The environment, its workflow variant (workflows/registry.py) and extra make_env kwargs.
@@ -208,9 +209,14 @@ def build(c: ml_collections.ConfigDict) -> Built:
   layout = layouts.of(c.policy)
   _one_of(c.env.name, registry.TASKS.names(), "env.name")
   try:
-    spec = registry.workflow_spec(c.env.name, c.env.workflow, c.env.max_turns, c.policy.per_role)
+    spec = registry.workflow_spec(c.env.name, c.env.workflow, c.env.max_turns)
   except ValueError as e:
     raise ValueError(f"config.env: {e}") from None
+  try:
+    spec = dataclasses.replace(spec, policy_of=registry.policy_map(
+        spec.agents, c.policy.per_role, tuple(c.policy.share)))
+  except ValueError as e:
+    raise ValueError(f"config.policy: {e}") from None
   _one_of(c.rollout.mode, rollout.MODES, "rollout.mode")
   if c.algo.estimator == "remax":
     raise ValueError("config.algo.estimator='remax' needs greedy baseline samples (is_greedy), "

@@ -59,19 +59,43 @@ def task(name: str, variant: str) -> Task:
 
 
 def workflow_spec(name: str, variant: str, max_turns: int | None = None,
-                  per_role: bool = False) -> WorkflowSpec:
+                  per_role: bool = False, share: tuple[str, ...] = ()) -> WorkflowSpec:
   """The turn order and policy map of workflow `variant` of environment `name`.
 
   `max_turns` caps the turns (None: the variant's default; one-turn variants ignore it). With
   `per_role=True` every agent gets its own policy id in agent order (per-agent LoRA or full
   models, MAGRPO's one model per agent, Dr. MAS's heterogeneous teams); otherwise all share 0.
+  `share` (per_role only) groups agents that act with one policy, each group "a+b+...": e.g.
+  identical parallel workers on one model beside an orchestrator's own. Ids follow the agent
+  order of each policy's first agent.
   """
   w = task(name, variant).workflows[variant]
   turns = w.max_turns if w.fixed_turns or max_turns is None else max_turns
   return WorkflowSpec(w.agents, kind=w.kind, max_turns=turns, tool_agents=w.tool_agents,
-                      policy_of={a: (i if per_role else 0) for i, a in enumerate(w.agents)},
+                      policy_of=policy_map(w.agents, per_role, share),
                       exit_agent=w.exit_agent, exit_when=w.exit_when, route=w.route,
                       spawn=w.spawn, topology=w.topology, num_states=w.num_states)
+
+
+def policy_map(agents: tuple[str, ...], per_role: bool,
+               share: tuple[str, ...] = ()) -> dict[str, int]:
+  """agent -> policy id (workflow_spec's doc)."""
+  if not per_role:
+    if share:
+      raise ValueError(f"share={tuple(share)!r} groups agents of a per-role team; with "
+                       "per_role=False every agent already shares one policy")
+    return {a: 0 for a in agents}
+  group_of: dict[str, int] = {}
+  for i, group in enumerate(share):
+    names = [n.strip() for n in str(group).split("+")]
+    wrong = [n for n in names if n not in agents or n in group_of or names.count(n) > 1]
+    if len(names) < 2 or wrong:
+      raise ValueError(f"share[{i}]={group!r}; expected two or more distinct agents of "
+                       f"{list(agents)} joined by '+', each in one group"
+                       + (f" (not so: {wrong})" if wrong else ""))
+    group_of.update({n: i for n in names})
+  ids: dict[object, int] = {}
+  return {a: ids.setdefault(group_of.get(a, a), len(ids)) for a in agents}
 
 
 def problem_kwargs(name: str, variant: str, max_turns: int, seed: int,
