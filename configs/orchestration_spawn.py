@@ -39,11 +39,12 @@ from marl_jax.workflows import registry
 
 DECISIONS = {"count": "spawn", "delegate": "delegate",
              "checked": "spawn_checked"}  # preset option -> math workflow
+MODELS = (*common.MODELS, "split")
 
 
 def get_config(preset: str | None = None):
   choice, cpu = common.parse_preset(preset, {"decision": tuple(DECISIONS),
-                                             "models": (*common.MODELS, "split")})
+                                             "models": MODELS})
   c = common.drmas_config("math", "drmas", model="qwen3-4b", max_turns=1, questions=32, k=8,
                           entropy_coef=0.0)
   c.name = f"orchestration_{DECISIONS[choice['decision']]}_math_{choice['models']}"

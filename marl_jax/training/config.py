@@ -114,8 +114,8 @@ def base_config() -> ml_collections.ConfigDict:
   # the advantage statistics, so the trained agents' groups are unchanged, but carry no tokens
   # into any loss (e.g. `coordinator`: learn a decision over fixed workers,
   # `trainer.trained_samples`), and the update leaves their rows out (`minibatch.trained_rows`).
-  # Their own models (per-role layouts) get zero gradient; AdamW's decoupled weight decay still
-  # applies to them unless optim.weight_decay = 0.
+  # A model that acts for none of the trained agents (per-role layouts) is frozen in RL: no
+  # update, no weight decay, no optimizer moments (`trainer.policy_config`).
   c.train = ml_collections.ConfigDict(dict(steps=200, micro_batches=1, remat=False, agents="",
                                            logits_chunk=config_dict.placeholder(int),
                                            share_prompts=False,

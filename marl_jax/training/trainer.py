@@ -121,10 +121,18 @@ def team_names(c: ml_collections.ConfigDict, spec: WorkflowSpec
 
 def policy_config(c: ml_collections.ConfigDict, built: config_lib.Built,
                   models: Sequence[ModelConfig]) -> policies.PolicyConfig:
-  """The team's PolicyConfig over the architectures of `team_names(...)[0]`."""
+  """The team's PolicyConfig over the architectures of `team_names(...)[0]`. A policy that acts
+  for none of the agents RL trains (`config.train.agents`) gets a frozen optimizer: its
+  gradient is zero anyway, and so it also skips AdamW's decoupled weight decay and holds no
+  moments; the warm-start (`sft.train_config`) still trains every policy."""
+  spec, trained = built.spec, config_lib.trained_agents(c, built.spec)
+  frozen = dataclasses.replace(built.optim, frozen=True)
+  optim = tuple(built.optim if any(spec.policy_id(a) == p for a in trained) else frozen
+                for p in range(spec.num_policies))
   return policies.PolicyConfig(
-      kind=c.policy.kind, models=tuple(models), num_policies=built.spec.num_policies,
-      names=team_names(c, built.spec)[1], lora=built.lora, optim=(built.optim,),
+      kind=c.policy.kind, models=tuple(models), num_policies=spec.num_policies,
+      names=team_names(c, spec)[1], lora=built.lora,
+      optim=optim if frozen in optim else (built.optim,),
       critic=built.critic, critic_optim=built.critic_optim)
 
 

@@ -50,7 +50,7 @@ AXES = {
        for name in ("magrpo_tldr", "magrpo_arxiv", "magrpo_humaneval")},
     "orchestration_stop": {"models": common.MODELS, "review": orchestration_stop.REVIEWS},
     "orchestration_spawn": {"decision": tuple(orchestration_spawn.DECISIONS),
-                            "models": common.MODELS},
+                            "models": orchestration_spawn.MODELS},
 }
 FILES = tuple(AXES)
 # The AT-GRPO game files share the game table's axis (the plan_path cpu run: tests/training).
@@ -84,8 +84,9 @@ def test_every_preset_builds(name, preset):
   c = _config(name, preset)
   built = config_lib.build(c)
   assert (built.lora is not None) == (c.policy.kind == "lora")
-  spec = registry.workflow_spec(c.env.name, c.env.workflow, c.env.max_turns, c.policy.per_role)
-  assert spec.num_policies == (len(spec.agents) if c.policy.per_role else 1)
+  spec = built.spec
+  shared = sum(len(group.split("+")) - 1 for group in c.policy.share)  # agents joining another's
+  assert spec.num_policies == (len(spec.agents) - shared if c.policy.per_role else 1)
   if "cpu" in preset.split(","):
     assert c.model == "smollm2-135m-instruct"
     rl = "rl" in preset.split(",")
@@ -183,6 +184,14 @@ def test_defaults_are_the_papers(name):
     ("magrpo_tldr", "rloo,shared", {"algo.baseline": "loo", "policy.kind": "shared",
                                     "policy.per_role": False}),
     ("magrpo_humaneval", "remax,lora", {"algo.baseline": "max", "policy.kind": "lora"}),
+    # Learned spawning over fixed workers: the dispatcher's model, one for the rest, RL on it.
+    ("orchestration_spawn", "checked,split,cpu",
+     {"env.workflow": "spawn_checked", "policy.kind": "stacked", "policy.per_role": True,
+      "policy.share": ("worker_1+worker_2+worker_3+worker_4+aggregator",),
+      "train.agents": "dispatcher"}),
+    ("orchestration_spawn", "delegate,split",
+     {"policy.share": ("stepwise+concise+checker+casework+aggregator",),
+      "train.agents": "dispatcher"}),
 ])
 def test_variants(name, preset, want):
   c = _config(name, preset)

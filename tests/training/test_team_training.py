@@ -41,23 +41,24 @@ from marl_jax.workflows import registry
 pytestmark = pytest.mark.usefixtures("shared_compiles")  # conftest
 
 PAIR = "toy_vowel_pair"
+TRIO, TRIO_AGENTS = "toy_vowel_trio", ("lead", "worker_a", "worker_b")
 QWEN_PAD = 0  # '<|endoftext|>'; the SmolLM2 tokenizer itself pads with 2 ('<|im_end|>')
 
 
 class VowelPairEnv:
-  """Two agents, one turn: each is rewarded with the vowel fraction of its own reply, except that
-  the second agent's reward is 0 on seeds < `quiet_below` (its advantages are then all 0)."""
+  """Two agents (or `agents`), one turn: each is rewarded with the vowel fraction of its own
+  reply, except that the second agent's reward is 0 on seeds < `quiet_below` (its advantages are
+  then all 0)."""
 
-  agents = ("first", "second")
+  def __init__(self, seed: int, quiet_below: int, turn: int = 0,
+               agents: tuple[str, ...] = ("first", "second")):
+    self.seed, self.quiet_below, self.turn, self.agents = seed, quiet_below, turn, agents
 
-  def __init__(self, seed: int, quiet_below: int, turn: int = 0):
-    self.seed, self.quiet_below, self.turn = seed, quiet_below, turn
-
-  done = property(lambda self: self.turn >= 2)
+  done = property(lambda self: self.turn >= len(self.agents))
   solved = property(lambda self: False)
 
   def clone(self):
-    return VowelPairEnv(self.seed, self.quiet_below, self.turn)
+    return VowelPairEnv(self.seed, self.quiet_below, self.turn, self.agents)
 
   def observe(self, agent):
     return envs_base.Observation(agent, 0, f"You are the {agent} agent.", f"Vowels ({self.seed}).")
@@ -75,11 +76,16 @@ def make_pair_env(*, seed: int, quiet_below: int = 0) -> VowelPairEnv:
   return VowelPairEnv(seed, quiet_below)
 
 
+def make_trio_env(*, seed: int) -> VowelPairEnv:
+  return VowelPairEnv(seed, 0, agents=TRIO_AGENTS)
+
+
 def _register_pair() -> None:
-  registry.register(PAIR, envs_base.Task(
-      make_pair_env, {"mas": envs_base.Workflow(("first", "second"), max_turns=1,
-                                                fixed_turns=True)},
-      lambda v, t, seed: dict(seed=seed)), replace=True)
+  for name, make, agents in ((PAIR, make_pair_env, ("first", "second")),
+                             (TRIO, make_trio_env, TRIO_AGENTS)):
+    registry.register(name, envs_base.Task(
+        make, {"mas": envs_base.Workflow(agents, max_turns=1, fixed_turns=True)},
+        lambda v, t, seed: dict(seed=seed)), replace=True)
 
 
 def _write_tiny_qwen(path: str, tokenizer_dir: str) -> None:
@@ -221,6 +227,39 @@ def test_train_agents_trains_only_the_named_agents(models, recorded, tmp_path):
   for x, y in zip(jax.tree.leaves(first["after"]["policy"]["first"]),
                   jax.tree.leaves(both["after"]["policy"]["first"])):
     np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+
+
+def test_shared_worker_policy_stays_fixed_while_its_lead_trains(models, recorded, tmp_path):
+  """A stacked team with `policy.share`: the two workers act with one model (policy 1), the lead
+  with its own (policy 0), and RL trains the lead alone (the spawn preset `split`). Both workers'
+  behaviour log-probs are policy 1's model's; the update sees policy 0's block only; policy 1's
+  params stay bit for bit although AdamW decays weights (its optimizer is frozen), while the
+  lead's move."""
+  c = toy_task.toy_config(models[0], steps=1)
+  c.env.name, c.env.workflow = TRIO, "mas"
+  c.policy.kind, c.policy.per_role, c.policy.share = "stacked", True, ("worker_a+worker_b",)
+  c.algo.estimator, c.algo.alpha = "drmas", 0.0
+  c.optim.weight_decay = 0.5  # decay alone would move every weight of a trained policy
+  c.train.agents = "lead"
+  trainer.train(c, str(tmp_path))
+  (rec,) = recorded
+  config = load_model(models[0]).config
+  rollout = rec["rollout"]  # [P = 2, N / P] blocks, policy p's samples in block p
+  assert rollout.response.shape[0] == 2
+  for p, agents in ((0, {0}), (1, {1, 2})):
+    s = rollout.samples
+    rows = s.sample_mask[p]
+    assert set(s.agent_id[p][rows]) == agents and set(s.policy_id[p][rows]) == {p}
+    params = jax.tree.map(lambda x: x[p], rec["before"]["policy"])
+    want = _ref_logp(params, config, rollout.prompt[p][rows], rollout.prompt_mask[p][rows],
+                     rollout.response[p][rows], s.token_mask[p][rows])
+    tm = s.token_mask[p][rows]
+    np.testing.assert_allclose(rollout.old_logp[p][rows][tm], want[tm], atol=2e-4)
+  assert rec["batch"].policies == (0,) and rec["batch"].response.shape[0] == 1
+  before, after = (jax.tree.leaves(rec[k]["policy"]) for k in ("before", "after"))
+  for x, y in zip(before, after):
+    np.testing.assert_array_equal(x[1], y[1])
+  assert all(not np.array_equal(x[0], y[0]) for x, y in zip(before, after))
 
 
 def _np_values(frozen_base, config, critic, b) -> np.ndarray:

@@ -46,3 +46,30 @@ def test_unknown_names_fail_with_one_line():
                                        "'delegate', 'delegate_vote', "
                                        "'marft', 'single'\\]"):
     registry.workflow_spec("math", "debate")
+
+
+def test_shared_policies_number_in_agent_order():
+  """`share` puts each group's agents on one policy; the rest keep their own; ids are numbered
+  by each policy's first agent in turn order."""
+  spec = registry.workflow_spec("math", "spawn", per_role=True,
+                                share=("worker_2+aggregator", "worker_1+worker_4"))
+  assert spec.agents == ("dispatcher", "worker_1", "worker_2", "worker_3", "worker_4",
+                         "aggregator")
+  assert spec.policy_of == {"dispatcher": 0, "worker_1": 1, "worker_2": 2, "worker_3": 3,
+                            "worker_4": 1, "aggregator": 2}
+  assert spec.num_policies == 4
+  assert registry.policy_map(("a", "b", "c"), True, ("b+c",)) == {"a": 0, "b": 1, "c": 1}
+
+
+@pytest.mark.parametrize("per_role, share, message", [
+    (False, ("a+b",), r"share=\('a\+b',\) groups agents of a per-role team; with per_role=False"),
+    (True, ("a+d",), r"share\[0\]='a\+d'; expected two or more distinct agents of \['a', 'b', "
+                     r"'c'\] joined by '\+', each in one group \(not so: \['d'\]\)"),
+    (True, ("a+b", "b+c"), r"share\[1\]='b\+c'; .* \(not so: \['b'\]\)"),
+    (True, ("a+a",), r"share\[0\]='a\+a'; .* \(not so: \['a', 'a'\]\)"),
+    (True, ("a",), r"share\[0\]='a'; expected two or more"),
+])
+def test_bad_share_groups_fail_with_one_line(per_role, share, message):
+  with pytest.raises(ValueError, match=message) as info:
+    registry.policy_map(("a", "b", "c"), per_role, share)
+  assert "\n" not in str(info.value)
