@@ -61,6 +61,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.seed = 0
   # A preset name with embedded/local weights, a .gguf file or an HF checkpoint directory.
   c.model = "smollm2-135m-instruct"
+  # Start a fresh run from another run's trained params instead of `model`'s: "WORKDIR" (its
+  # newest checkpoint) or "WORKDIR:STEP", e.g. step 0, which a run with a warm-start saves right
+  # after it. The same team and optimizer layout; a fresh optimizer state; no warm-start of its
+  # own (sft.steps = 0). A fork: one warm-start, then RL under two reward weights.
+  c.init_from = ""
   c.dtype = "float32"
   # Team policies: "shared" (one model, role prompts), "lora" (one adapter per role over a frozen
   # base), "stacked" (one full model per role), "mapped" (one full model per role, each its own
@@ -236,6 +241,7 @@ def build(c: ml_collections.ConfigDict) -> Built:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ValueError(f"config.{field}={value!r}; expected an integer >= 1")
   _check_sft(c)
+  init_from(c)
   refills = c.rollout.max_refills
   if not isinstance(refills, int) or isinstance(refills, bool) or refills < 0:
     raise ValueError(f"config.rollout.max_refills={refills!r}; expected an integer >= 0")
@@ -292,6 +298,26 @@ def build(c: ml_collections.ConfigDict) -> Built:
                critic=None if c.policy.critic is None else tuple(c.policy.critic),
                critic_optim=_dataclass(OptimConfig, c.policy.critic_optim,
                                        "policy.critic_optim"))
+
+
+def init_from(c: ml_collections.ConfigDict) -> tuple[str, int] | None:
+  """(workdir, checkpoint step) of `config.init_from`, checked to exist; None when unset."""
+  value = c.init_from
+  if not value:
+    return None
+  workdir, _, tail = str(value).rpartition(":")
+  if not (workdir and tail.isdigit()):
+    workdir, tail = str(value), ""
+  steps = checkpoint.saved_steps(workdir)
+  step = int(tail) if tail else (steps[-1] if steps else None)
+  if step not in steps:
+    raise ValueError(f"config.init_from={value!r}: {workdir} has "
+                     f"{'no checkpoint' if not steps else f'checkpoints {steps}, not {step}'}; "
+                     "expected a run's workdir, optionally with :STEP of a saved checkpoint")
+  if c.sft.steps:
+    raise ValueError(f"config.init_from={value!r} starts from trained params, so it has no "
+                     f"warm-start of its own; expected config.sft.steps=0, got {c.sft.steps}")
+  return workdir, step
 
 
 def _check_sft(c: ml_collections.ConfigDict) -> None:

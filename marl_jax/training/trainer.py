@@ -59,7 +59,8 @@ from marl_jax.sandbox import runner as sandbox
 from marl_jax.training import eval_results, evaluation, plots, preflight, progress, refill
 from marl_jax.training import config as config_lib
 from marl_jax.training import sft as sft_lib
-from marl_jax.training.checkpoint import Checkpointer, saved_steps
+from marl_jax.training.checkpoint import CHECKPOINT_DIR, Checkpointer, saved_steps
+from marl_jax.training.checkpoint_integrity import one_line
 from marl_jax.training.llm_policy import LLMPolicy
 from marl_jax.training.metrics import make_writer
 from marl_jax.workflows import registry
@@ -398,7 +399,8 @@ def evaluate_checkpoint(c: ml_collections.ConfigDict, workdir: str, step: int | 
   before the model loads.
 
   A workdir without checkpoints evaluates step 0, the policy RL would start from: the base model,
-  after the config's warm-start when `sft.steps` > 0 (as `train` evaluates step 0). So a table's
+  after the config's warm-start when `sft.steps` > 0 (as `train` evaluates step 0), or the
+  params of `config.init_from`. So a table's
   rows without RL are the RL rows' starting point, also where a cpu preset warm-starts."""
   eval_results.check_split(split)
   if step is not None:
@@ -412,6 +414,8 @@ def evaluate_checkpoint(c: ml_collections.ConfigDict, workdir: str, step: int | 
   if step is not None or run.checkpointer.latest_step() is not None:
     restored = run.checkpointer.restore(step, target={"train": run.state, "rng": run.run_key})
     run.state, step = restored.state["train"], restored.step
+  elif c.init_from:
+    run.state = run.fns.init(init_params(c, run))
   elif c.sft.steps:
     warm_start = run.warm_start()
   step = step or 0
@@ -437,12 +441,15 @@ def train(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   # step * problems_per_step then.
   run.next_seed = int(restored.host_state.get("next_seed", start * c.rollout.problems_per_step))
   writer = make_writer(c.logging, workdir, run.is_main, resume_step=restored.step or 0)
-  if run.is_main and restored.step is None:
+  fresh = restored.step is None
+  if run.is_main and fresh:
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "config.json"), "w") as f:
       f.write(c.to_json_best_effort(indent=2))
     writer.write_hparams(c.to_dict())
-  if start == 0 and (c.eval.at_start or c.sft.steps):
+  if fresh and c.init_from:
+    run.state = run.fns.init(init_params(c, run))
+  if fresh and (c.eval.at_start or c.sft.steps):
     scalars = {}
     if c.sft.steps:  # step 0's eval/ metrics are the warm-started policy's; pretrained/ before
       if c.eval.at_start:
@@ -451,6 +458,10 @@ def train(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if c.eval.at_start:
       scalars.update(run.evaluate(0))
     writer.write_scalars(0, scalars)
+    writer.flush()
+    if c.sft.steps:  # a crash in step 1 keeps the warm-start; a fork starts from it (init_from)
+      run.checkpointer.save(0, {"train": run.state, "rng": run.run_key},
+                            {"next_step": 0, "next_seed": run.next_seed}, force=True)
   bar = progress.step_bar(c.train.steps, start, enabled=c.logging.progress and run.is_main)
   for step in range(start, c.train.steps):
     scalars = run.train_step(step)
@@ -470,6 +481,20 @@ def train(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   writer.close()
   run.checkpointer.close()
   return summary
+
+
+def init_params(c: ml_collections.ConfigDict, run: Run) -> Any:
+  """The trainable params of `config.init_from`'s checkpoint, restored into `run`'s layout."""
+  workdir, step = config_lib.init_from(c)
+  with Checkpointer(os.path.join(workdir, CHECKPOINT_DIR)) as source:
+    try:
+      restored = source.restore(step, target={"train": run.state, "rng": run.run_key})
+    except (ValueError, TypeError, KeyError) as e:
+      raise UserInputError(f"config.init_from={c.init_from!r}: checkpoint {step} does not fit "
+                           f"this config's team and optimizer ({one_line(e)}); expected a run "
+                           "of the same models, policy layout and trained agents") from None
+  logging.info("starting from the params of checkpoint %d in %s", step, workdir)
+  return restored.state["train"].params
 
 
 def _finish(run: Run, writer) -> dict[str, Any]:

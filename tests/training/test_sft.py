@@ -1,10 +1,11 @@
 """Supervised warm-start (training/sft.py): demonstrations as the sampler would tokenise them, the
 rejection of failed episodes, the warm-start's loss against transformers (PyTorch), the stage in a
 trainer run, the rows without RL that evaluate the warm-started policy, spawning teams' episodes,
-and its one-line refusals."""
+its one-line refusals, and the warm-start's checkpoint 0 (resumed, and forked with `init_from`)."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -20,6 +21,7 @@ from marl_jax.traces import store
 from marl_jax.models import config as model_config
 from marl_jax.training import config as config_lib
 from marl_jax.training import preflight, sft, trainer
+from marl_jax.training.checkpoint import Checkpointer, saved_steps
 from marl_jax.training.llm_policy import prompt_ids
 from marl_jax.training.metrics import read_metrics
 from marl_jax.workflows.rollout import RolloutConfig
@@ -233,3 +235,77 @@ def test_refusals(model_dir, tmp_path):
   with pytest.raises(UserInputError, match=r"env 'plan_path' has none for agents \['tool', "
                                            r"'plan'\]; expected sft.mistake_rate=0"):
     preflight.check(c, str(tmp_path / "plan_path"))
+
+
+def _by_step(workdir) -> dict[int, dict]:
+  return {r["step"]: {k: v for k, v in r.items() if not k.startswith("time/")}
+          for r in read_metrics(str(workdir))}
+
+
+def _params(workdir, step: int) -> list[np.ndarray]:
+  with Checkpointer(workdir / "checkpoints") as source:
+    return jax.tree.leaves(source.restore(step).state["train"]["params"])
+
+
+def test_warm_start_is_checkpointed_resumed_and_forked(model_dir, tmp_path, monkeypatch):
+  """A run with a warm-start saves checkpoint 0 right after it and its step-0 evaluation. A
+  run killed in step 1 resumes from it without warming up again and repeats the uninterrupted
+  run's step 1 bit for bit; so does a fork (`init_from=WORKDIR:0`, no warm-start of its own),
+  whose step-0 evaluation is the warm-started policy's."""
+  c = _config(model_dir)  # 2 warm-start steps, 1 RL step, a step-0 evaluation
+  trainer.train(c, str(tmp_path / "straight"))
+  assert saved_steps(tmp_path / "straight") == [0, 1]
+
+  def killed(self, step):
+    raise RuntimeError(f"killed in step {step + 1}")
+
+  with monkeypatch.context() as m:
+    m.setattr(trainer.Run, "train_step", killed)
+    with pytest.raises(RuntimeError, match="killed in step 1"):
+      trainer.train(c, str(tmp_path / "resumed"))
+  assert saved_steps(tmp_path / "resumed") == [0]
+
+  def warm_start(self):
+    raise AssertionError("warm-started again")
+
+  fork = _config(model_dir)
+  fork.sft.steps, fork.init_from = 0, f"{tmp_path / 'straight'}:0"
+  with monkeypatch.context() as m:
+    m.setattr(trainer.Run, "warm_start", warm_start)
+    trainer.train(c, str(tmp_path / "resumed"))
+    trainer.train(fork, str(tmp_path / "fork"))
+  want = _by_step(tmp_path / "straight")
+  for name in ("resumed", "fork"):
+    got = _by_step(tmp_path / name)
+    assert got[1] == want[1], name
+    for x, y in zip(_params(tmp_path / name, 1), _params(tmp_path / "straight", 1)):
+      np.testing.assert_array_equal(x, y)
+  step0 = _by_step(tmp_path / "fork")[0]
+  assert step0["eval/accuracy"] == want[0]["eval/accuracy"] and "sft/loss" not in step0
+  replies = [store.read_content(tmp_path / name / "traces" / "eval_step0.jsonl")
+             for name in ("straight", "fork")]
+  assert replies[0] == replies[1]
+
+
+def test_init_from_refusals(model_dir, tmp_path):
+  """`init_from` names a saved checkpoint of a run of the same team, and replaces the
+  warm-start: each refusal in one line, before any compute, or when the checkpoint is read."""
+  source = _config(model_dir)
+  source.sft.steps, source.train.steps, source.eval.at_start = 0, 1, False
+  trainer.train(source, str(tmp_path / "source"))
+  cases = [(str(tmp_path / "nothing"), 0, rf"{tmp_path / 'nothing'} has no checkpoint; expected "
+                                          "a run's workdir, optionally with :STEP"),
+           (f"{tmp_path / 'source'}:7", 0, r"has checkpoints \[1\], not 7"),
+           (str(tmp_path / "source"), 2, r"starts from trained params, so it has no warm-start "
+                                         r"of its own; expected config.sft.steps=0, got 2")]
+  for value, sft_steps, message in cases:
+    c = _config(model_dir)
+    c.init_from, c.sft.steps = value, sft_steps
+    with pytest.raises(UserInputError, match=message) as info:
+      config_lib.build(c)
+    assert "\n" not in str(info.value)
+  other = _config(model_dir, "mas_lora,cpu")  # adapters: another params tree
+  other.init_from, other.sft.steps = str(tmp_path / "source"), 0
+  with pytest.raises(UserInputError, match=r"checkpoint 1 does not fit this config's team and "
+                                           r"optimizer \(.*\); expected a run of the same"):
+    trainer.train(other, str(tmp_path / "other"))
