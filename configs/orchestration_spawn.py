@@ -28,8 +28,8 @@ Qwen3-4B: pass `--config.model=/path/to/Qwen3-4B`).
 the four solvers then train four models), or `split`: two full models, the dispatcher's own and
 one that every worker and the aggregator share (`config.policy.share`), with RL on the
 dispatcher alone (`config.train.agents`), so the workers the count buys stay fixed while the
-count is learned (on one shared model, RL moves them too). `cpu`: the embedded SmolLM2-135M at the shared CPU preset's sizes
-(2 problems x 2 episodes, 48-token replies, 2 steps).
+count is learned (on one shared model, RL moves them too). `cpu`: the embedded SmolLM2-135M at
+the shared CPU preset's sizes (2 problems x 2 episodes, 48-token replies, 2 steps).
 """
 
 from __future__ import annotations

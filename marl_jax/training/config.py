@@ -71,8 +71,9 @@ def base_config() -> ml_collections.ConfigDict:
   # base), "stacked" (one full model per role), "mapped" (one full model per role, each its own
   # architecture and tokenizer: `models` lists one name or path per policy in agent order; empty
   # = `model` for every policy). `share`: groups of agents of a per-role team that act with one
-  # policy, each "a+b+..." (workflows/registry.py), e.g. ("worker_1+worker_2",). `critic`: hidden sizes of MARFT's value head over the frozen
-  # LoRA base (e.g. (1024, 512)); None = no critic.
+  # policy, each "a+b+..." (workflows/registry.py), e.g. ("worker_1+worker_2",). `critic`:
+  # hidden sizes of MARFT's value head over the frozen LoRA base (e.g. (1024, 512)); None = no
+  # critic.
   c.policy = ml_collections.ConfigDict(dict(
       kind="shared", per_role=False, share=(), models=(), critic=config_dict.placeholder(tuple),
       critic_optim=section(_CRITIC_OPTIM)))

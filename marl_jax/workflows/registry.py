@@ -85,7 +85,7 @@ def policy_map(agents: tuple[str, ...], per_role: bool,
       raise ValueError(f"share={tuple(share)!r} groups agents of a per-role team; with "
                        "per_role=False every agent already shares one policy")
     return {a: 0 for a in agents}
-  group_of: dict[str, int] = {}
+  group_of: dict[str, int] = {}  # agent -> index of its group in `share`
   for i, group in enumerate(share):
     names = [n.strip() for n in str(group).split("+")]
     wrong = [n for n in names if n not in agents or n in group_of or names.count(n) > 1]
@@ -94,8 +94,9 @@ def policy_map(agents: tuple[str, ...], per_role: bool,
                        f"{list(agents)} joined by '+', each in one group"
                        + (f" (not so: {wrong})" if wrong else ""))
     group_of.update({n: i for n in names})
-  ids: dict[object, int] = {}
-  return {a: ids.setdefault(group_of.get(a, a), len(ids)) for a in agents}
+  owners = [("group", group_of[a]) if a in group_of else ("agent", a) for a in agents]
+  ids: dict[tuple[str, object], int] = {}  # a group, or an agent on its own -> policy id
+  return {a: ids.setdefault(owner, len(ids)) for a, owner in zip(agents, owners)}
 
 
 def problem_kwargs(name: str, variant: str, max_turns: int, seed: int,
