@@ -81,9 +81,12 @@ def test_logits_match_transformers_on_chat_prompt(smollm):
   """Every position's logits of a chat prompt, ours in fp32 jitted as the sampler runs, against
   transformers' forward of the same weights in fp64 (the exact answer fp32 approximates).
 
-  Measured (2026-11-25, AVX-512 EPYC): ours sits 8.7e-5 from the fp64 forward, transformers'
-  own fp32 forward 9.3e-5, so 1e-4 is the fp32 noise floor of this 30-layer model. Two fp32
-  forwards can err in opposite directions (1.04e-4 apart here), so the reference is fp64.
+  The bound is the fp32 noise floor of this 30-layer model on the machine that runs the test:
+  twice transformers' own fp32 error there, and never below 1e-4. Measured: AMD EPYC
+  (2026-11-25) ours 8.7e-5 from the fp64 forward, transformers' fp32 9.3e-5; Intel Xeon with
+  AVX-512 (2026-11-27) ours 1.10e-4, transformers' 7.7e-5 (logits up to 38.5), where the
+  earlier fixed 1e-4 failed. A wrong layer (rope, norm, a bf16 path) errs by 1e-2 and more.
+  Two fp32 forwards can err in opposite directions, so the reference is fp64.
   """
   loaded, model = smollm
   tok = loaded.tokenizer
@@ -91,11 +94,13 @@ def test_logits_match_transformers_on_chat_prompt(smollm):
   tokens = np.asarray([ids], np.int32)
   with torch.no_grad():
     ref = copy.deepcopy(model).double()(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+    theirs = model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
   forward = jax.jit(functools.partial(decoder.forward, config=loaded.config))
   ours, _ = forward(loaded.params, jnp.asarray(tokens), jnp.arange(len(ids))[None])
-  assert ours.dtype == jnp.float32
+  assert ours.dtype == jnp.float32 and theirs.dtype == np.float32
   diff = np.abs(np.asarray(ours, np.float64) - ref).max()
-  assert diff <= 1e-4, diff
+  floor = max(1e-4, 2 * np.abs(theirs.astype(np.float64) - ref).max())
+  assert diff <= floor, (diff, floor)
 
 
 def test_next_token_logits_match_on_left_padded_batch(smollm):
