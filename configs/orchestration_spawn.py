@@ -53,7 +53,7 @@ def get_config(preset: str | None = None):
   split = choice["models"] == "split"
   common.apply_models(c, "full" if split else choice["models"])
   if split:
-    dispatcher, *rest = registry.task("math", c.env.workflow).workflows[c.env.workflow].agents
+    dispatcher, *rest = registry.workflow_spec("math", c.env.workflow).agents
     c.policy.share, c.train.agents = ("+".join(rest),), dispatcher
   common.data_fields(c, **common.MATH_DATA)
   c.env.kwargs.spawn_cost = 0.1

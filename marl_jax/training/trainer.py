@@ -132,8 +132,7 @@ def policy_config(c: ml_collections.ConfigDict, built: config_lib.Built,
                 for p in range(spec.num_policies))
   return policies.PolicyConfig(
       kind=c.policy.kind, models=tuple(models), num_policies=spec.num_policies,
-      names=team_names(c, spec)[1], lora=built.lora,
-      optim=optim if frozen in optim else (built.optim,),
+      names=team_names(c, spec)[1], lora=built.lora, optim=optim,
       critic=built.critic, critic_optim=built.critic_optim)
 
 
@@ -341,6 +340,21 @@ class Run:
     self.state = self.fns.init(state.params)
     return dict(out, **{"sft/first_loss": first_loss, "sft/steps": float(c.sft.steps)})
 
+  def start_from_checkpoint(self) -> None:
+    """RL's state from the params of `config.init_from`'s checkpoint (restored into this run's
+    layout) with a fresh optimizer state, as after a warm-start."""
+    c = self.c
+    workdir, step = config_lib.init_from(c)
+    with Checkpointer(os.path.join(workdir, CHECKPOINT_DIR)) as source:
+      try:
+        restored = source.restore(step, target={"train": self.state, "rng": self.run_key})
+      except (ValueError, TypeError, KeyError) as e:
+        raise UserInputError(f"config.init_from={c.init_from!r}: checkpoint {step} does not fit "
+                             f"this config's team and optimizer ({one_line(e)}); expected a "
+                             "run of the same models, policy layout and trained agents") from None
+    logging.info("starting from the params of checkpoint %d in %s", step, workdir)
+    self.state = self.fns.init(restored.state["train"].params)
+
   def _batch(self, samples: list[Sample], shape: BatchShape) -> Any:
     """The global train batch of these samples in `shape`'s layout; each process passes its
     own."""
@@ -415,7 +429,7 @@ def evaluate_checkpoint(c: ml_collections.ConfigDict, workdir: str, step: int | 
     restored = run.checkpointer.restore(step, target={"train": run.state, "rng": run.run_key})
     run.state, step = restored.state["train"], restored.step
   elif c.init_from:
-    run.state = run.fns.init(init_params(c, run))
+    run.start_from_checkpoint()
   elif c.sft.steps:
     warm_start = run.warm_start()
   step = step or 0
@@ -448,7 +462,7 @@ def train(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       f.write(c.to_json_best_effort(indent=2))
     writer.write_hparams(c.to_dict())
   if fresh and c.init_from:
-    run.state = run.fns.init(init_params(c, run))
+    run.start_from_checkpoint()
   if fresh and (c.eval.at_start or c.sft.steps):
     scalars = {}
     if c.sft.steps:  # step 0's eval/ metrics are the warm-started policy's; pretrained/ before
@@ -481,20 +495,6 @@ def train(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   writer.close()
   run.checkpointer.close()
   return summary
-
-
-def init_params(c: ml_collections.ConfigDict, run: Run) -> Any:
-  """The trainable params of `config.init_from`'s checkpoint, restored into `run`'s layout."""
-  workdir, step = config_lib.init_from(c)
-  with Checkpointer(os.path.join(workdir, CHECKPOINT_DIR)) as source:
-    try:
-      restored = source.restore(step, target={"train": run.state, "rng": run.run_key})
-    except (ValueError, TypeError, KeyError) as e:
-      raise UserInputError(f"config.init_from={c.init_from!r}: checkpoint {step} does not fit "
-                           f"this config's team and optimizer ({one_line(e)}); expected a run "
-                           "of the same models, policy layout and trained agents") from None
-  logging.info("starting from the params of checkpoint %d in %s", step, workdir)
-  return restored.state["train"].params
 
 
 def _finish(run: Run, writer) -> dict[str, Any]:
