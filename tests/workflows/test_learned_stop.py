@@ -138,16 +138,24 @@ def test_cost_zero_recovers_the_fixed_checked_loop():
 
 
 def test_checker_review_and_format_penalty():
-  """The coordinator reads the program's output and whether the answer matches it; a program
-  that prints nothing is a format error of the checker (-0.1 each round), and stop_by_check then
-  runs to the cap, since nothing matches."""
+  """The coordinator reads the program's output and whether the answer matches it, the outcome
+  again as its prompt's last line (and as its observed state); a program that prints nothing is
+  a format error of the checker (-0.1 each round), and stop_by_check then runs to the cap, since
+  nothing matches."""
   env = registry.make_env("math", seed=0, workflow="learned_stop_checked")
   answer = env.problem.answer
   env.step("solver", "\\boxed{-1}")
   env.step("checker", f"```python\nprint({answer})\n```", tool_output=f"{answer}\n")
   assert env.observe("coordinator").user.endswith(
       f"```python\nprint({answer})\n```\nThe program printed: {answer}. The proposed answer -1 "
-      "does not match it.\nRounds left after this one: 2.")
+      "does not match it.\nRounds left after this one: 2.\nCheck result: mismatch.")
+  assert env.observe("coordinator").state == 0
+  matched = registry.make_env("math", seed=0, workflow="learned_stop_checked")
+  matched.step("solver", f"\\boxed{{{answer}}}")
+  matched.step("checker", f"```python\nprint({answer})\n```", tool_output=f"{answer}\n")
+  shown = matched.observe("coordinator")
+  assert shown.user.endswith("matches it.\nRounds left after this one: 2.\nCheck result: match.")
+  assert shown.state == 1
   silent = _rollout("stop_by_check", _follow_check, n=1, checker_code="x = 1")
   episode, = silent.episodes
   assert episode.turns == CAP and episode.solved

@@ -551,10 +551,14 @@ class CheckedStopMathEnv(LearnedStopMathEnv):
       return Observation(agent, self.turn, CHECKER_SYSTEM, task)
     if agent == "solver":  # as 'learned_stop', naming the checker
       return super().observe(agent)
-    left = self.max_turns - self.turn - 1  # state: what the review's last line says
+    # The prompt ends on the check's outcome, next to the decision: a 135M coordinator that
+    # read it only in the review's sentence, above the round count, barely told the two states
+    # apart after its warm-start (stopped after 50 % of matches and 44 % of mismatches, RESULTS.md)
+    left = self.max_turns - self.turn - 1
     return Observation(agent, self.turn, CHECKED_COORDINATOR_SYSTEM,
                        f"{task}\nProposed solution:\n{truncate(self.solution, 1500)}\n"
-                       f"Checker's review:\n{self.review}\nRounds left after this one: {left}.",
+                       f"Checker's review:\n{self.review}\nRounds left after this one: {left}.\n"
+                       f"Check result: {'match' if self.match else 'mismatch'}.",
                        state=int(self.match))
 
   def demonstration(self, agent: str) -> str | None:
