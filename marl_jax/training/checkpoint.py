@@ -96,13 +96,15 @@ def saved_steps(workdir: str | os.PathLike[str]) -> list[int]:
 
 
 class Checkpointer:
-  """Orbax `CheckpointManager` for (device state, host state) pairs; keeps the last `max_to_keep`.
+  """Orbax `CheckpointManager` for (device state, host state) pairs; keeps the last `max_to_keep`
+  and step 0.
 
   Args:
     directory: where step directories go (created if missing), e.g. `<workdir>/checkpoints`; a
       local path or a cloud URL orbax can write (`gs://bucket/run/checkpoints` on TPU pods, where
       every host must reach the same directory).
-    max_to_keep: older steps are deleted after a newer one is complete.
+    max_to_keep: older steps are deleted after a newer one is complete, except step 0 (the
+      warm-start's checkpoint, which `config.init_from` forks).
     every_steps: `save` skips steps that are not multiples of this (unless forced).
     async_save: write in a background thread (see the module docstring); the checksums are still
       computed synchronously inside `save`.
@@ -119,8 +121,13 @@ class Checkpointer:
       self.directory = self.directory.absolute()
     self._async_save = async_save
     self._every_steps = every_steps
+    # Rotation keeps the last `max_to_keep` and checkpoint 0, the warm-started policy RL starts
+    # from (saved only after a warm-start): it is the fork point of `config.init_from` and costs
+    # the whole warm-start to make again.
+    keep = ocp.checkpoint_managers
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep,
+        preservation_policy=keep.AnyPreservationPolicy(
+            [keep.LatestN(max_to_keep), keep.CustomSteps([0])]),
         enable_async_checkpointing=async_save,
         # Temporary directories of a save that was interrupted (crash, SIGKILL) are removed.
         cleanup_tmp_directories=True,

@@ -116,6 +116,20 @@ def test_keeps_last_k_and_saves_every_n_steps(tmp_path):
   assert ckpt.restore(6).host_state == {"s": 6}
 
 
+def test_rotation_keeps_step_zero(tmp_path):
+  """Step 0 (the warm-start's checkpoint, the fork point of `init_from`) outlives rotation; the
+  other steps rotate as before, also when the checkpointer is reopened."""
+  state = {"w": jnp.zeros(3)}
+  ckpt = Checkpointer(tmp_path, max_to_keep=2)
+  for s in range(5):
+    ckpt.save(s, state, {"s": s})
+  assert ckpt.all_steps() == [0, 3, 4]
+  reopened = Checkpointer(tmp_path, max_to_keep=1)
+  reopened.save(5, state, {"s": 5})
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["0", "5"]
+  assert reopened.restore(0).host_state == {"s": 0}
+
+
 def test_async_save_then_wait_restores_bitwise(tmp_path):
   state, host = _train_state(seed=3), _host_state(seed=3)
   ckpt = Checkpointer(tmp_path, async_save=True)
