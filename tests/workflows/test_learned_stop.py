@@ -26,7 +26,7 @@ from marl_jax.algos import batch as batch_lib
 from marl_jax.algos.advantages import estimate
 from marl_jax.traces import replay as replay_lib
 from marl_jax.traces import schema, stats
-from marl_jax.envs.math.env import CheckedStopMathEnv
+from marl_jax.envs.math.env import CheckedStopMathEnv, decision
 from marl_jax.training import config as config_lib
 from marl_jax.training import trainer
 from marl_jax.workflows import registry
@@ -167,9 +167,9 @@ def test_checker_review_and_format_penalty():
 @pytest.mark.parametrize("level", ["one_step", "multi_step"])
 def test_checker_demonstration_prints_the_answer(level):
   """The warm-start's checker program, run by Python here, prints the problem's answer exactly
-  (fractions included); the coordinator's demonstrated decision is the same whether the answer
-  is right or wrong, and its round-1 and round-2 decisions take all four combinations (no
-  decision fixes the other)."""
+  (fractions included); the coordinator's demonstrated reply copies the check result line, and
+  its decision is the same whether the answer is right or wrong; its round-1 and round-2
+  decisions take all four combinations (no decision fixes the other)."""
   decisions = set()
   for seed in range(30):
     wrong = registry.make_env("math", seed=seed, level=level, workflow="learned_stop_checked")
@@ -183,13 +183,14 @@ def test_checker_demonstration_prints_the_answer(level):
       env.step("solver", f"\\boxed{{{proposed}}}")
       env.step("checker", right.demonstration("checker"), tool_output=out)
     assert (wrong.match, right.match) == (False, True)
-    first = right.demonstration("coordinator")
-    assert wrong.demonstration("coordinator") == first
+    shown = right.demonstration("coordinator")
+    assert shown.startswith("Check result: match.\n#### ")
+    assert wrong.demonstration("coordinator") == shown.replace("match", "mismatch", 1)
     right.step("coordinator", "#### continue")
     right.step("solver", f"\\boxed{{{answer}}}")
     right.step("checker", right.demonstration("checker"), tool_output=out)
-    decisions.add((first, right.demonstration("coordinator")))
-  assert decisions == set(itertools.product(["#### stop", "#### continue"], repeat=2))
+    decisions.add((decision(shown), decision(right.demonstration("coordinator"))))
+  assert decisions == set(itertools.product(["stop", "continue"], repeat=2))
 
 
 @pytest.mark.parametrize("workflow, decisions", [

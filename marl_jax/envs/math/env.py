@@ -117,7 +117,8 @@ CHECKER_SYSTEM = (
 CHECKED_COORDINATOR_SYSTEM = (
     "You coordinate a math team: a solver proposed an answer and a checker computed the answer "
     "with a program. Decide whether to stop with this answer or let the solver try another "
-    "round; every round costs time. End your reply with `#### stop` or `#### continue`.")
+    "round; every round costs time. First copy the check result line, then end your reply with "
+    "`#### stop` or `#### continue`.")
 DISPATCHER_SYSTEM = (
     "You dispatch a math problem to parallel solvers. More solvers give the aggregator more "
     "answers to compare but cost more. End your reply with `#### N`, the number of solvers "
@@ -551,28 +552,34 @@ class CheckedStopMathEnv(LearnedStopMathEnv):
       return Observation(agent, self.turn, CHECKER_SYSTEM, task)
     if agent == "solver":  # as 'learned_stop', naming the checker
       return super().observe(agent)
-    # The prompt ends on the check's outcome, next to the decision: a 135M coordinator that
-    # read it only in the review's sentence, above the round count, barely told the two states
-    # apart after its warm-start (stopped after 50 % of matches and 44 % of mismatches, RESULTS.md)
-    left = self.max_turns - self.turn - 1
+    left = self.max_turns - self.turn - 1  # the last line is what the reply copies (below)
     return Observation(agent, self.turn, CHECKED_COORDINATOR_SYSTEM,
                        f"{task}\nProposed solution:\n{truncate(self.solution, 1500)}\n"
                        f"Checker's review:\n{self.review}\nRounds left after this one: {left}.\n"
-                       f"Check result: {'match' if self.match else 'mismatch'}.",
-                       state=int(self.match))
+                       f"{self._check_result()}", state=int(self.match))
+
+  def _check_result(self) -> str:
+    """The coordinator prompt's last line, which its reply copies before deciding."""
+    return f"Check result: {'match' if self.match else 'mismatch'}."
 
   def demonstration(self, agent: str) -> str | None:
     """The solver's worked solution; the checker's program (`MathProblem.program`); the
-    coordinator's decision picked by a hash of the question and the round, independent of
-    the answer, so the warm-start teaches the reply's format and leaves the rule to RL. (The
-    warm-start keeps only solved episodes, so after a wrong answer it keeps only `continue`.)"""
+    coordinator's reply: the check result line copied, then a decision picked by a hash of the
+    question and the round, independent of the answer, so the warm-start teaches the reply's
+    format and leaves the rule to RL. (The warm-start keeps only solved episodes, so after a
+    wrong answer it keeps only `continue`.)
+
+    Why the copy: the decision token is then read right after the check's outcome, in the
+    coordinator's own words. A 135M coordinator that had the outcome only in its prompt barely
+    told the two states apart after the warm-start (it stopped after about half the matches and
+    half the mismatches), and RL moved its decision the same way in both (RESULTS.md)."""
     self._check_agent(agent)
     if agent == "checker":
       return self.problem.program()
     if agent == "coordinator":  # SHA-256, not CRC-32: CRC is affine, so its bits for round 1
       # and round 2 of one question would differ by a constant and one would fix the other
       pick = hashlib.sha256(f"{self.problem.question}|{self.rounds}".encode()).digest()[0] % 2
-      return f"#### {('stop', 'continue')[pick]}"
+      return f"{self._check_result()}\n#### {('stop', 'continue')[pick]}"
     return super().demonstration(agent)
 
   def step(self, agent: str, response: str, *, tool_output: str | None = None) -> StepResult:
