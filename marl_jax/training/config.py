@@ -96,9 +96,9 @@ def base_config() -> ml_collections.ConfigDict:
                                               max_new_tokens=2048))
   c.algo = section(AdvantageConfig(estimator="at_grpo", filter="lowest_mean"))
   # loss.kl_coef > 0: KL to a frozen reference. LoRA: the base without adapters (no extra
-  # memory). Full models (shared/stacked/mapped): a frozen copy of the initial policy params, as
-  # many bytes as those params (logged at start-up); not checkpointed, rebuilt from the
-  # pretrained weights on resume.
+  # memory). Full models (shared/stacked/mapped): a frozen copy of the params RL starts from
+  # (pretrained, warm-started or init_from's), as many bytes as those params (logged); not
+  # checkpointed, rebuilt on resume (`trainer` module doc).
   c.loss = section(LossConfig())
   c.optim = section(OptimConfig())
   c.name = "run"
@@ -249,6 +249,10 @@ def build(c: ml_collections.ConfigDict) -> Built:
   kl_coef = c.loss.kl_coef
   if isinstance(kl_coef, bool) or not isinstance(kl_coef, (int, float)) or not 0 <= kl_coef < math.inf:
     raise ValueError(f"config.loss.kl_coef={kl_coef!r}; expected a finite number >= 0 (0: no KL term)")
+  if kl_coef and c.policy.kind == "lora" and (c.sft.steps or c.init_from):
+    raise ValueError(f"config.loss.kl_coef={kl_coef} with LoRA adapters that RL starts from "
+                     "trained (sft.steps or init_from): the KL reference is the base without "
+                     "adapters, not that policy; expected kl_coef 0, or full models")
   for field in ("rollout.tool_timeout_s", "rollout.tool_memory_mb"):
     group, name = field.split(".")
     value = c[group][name]

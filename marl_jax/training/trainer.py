@@ -14,10 +14,10 @@ step, RNG key and data position) repeats exactly the steps an uninterrupted run 
 
 KL to a frozen reference (`loss.kl_coef > 0`): a reference pass fills `ref_logp` before each
 update (`train_step.fill_ref_logp`). LoRA: the base without adapters (no extra memory). Full models
-(shared, stacked, mapped): a frozen copy of the initial policy params in their own buffers (the
-size of those params; logged at start-up). It is never updated and not checkpointed: it equals the
-initial params, which `Run` rebuilds from the pretrained weights and the seed on every start, so a
-resumed run has the same reference.
+(shared, stacked, mapped): a frozen copy of the params RL starts from in their own buffers (the
+size of those params; logged): the pretrained ones, the warm-started ones, or `init_from`'s. It is
+never updated and not checkpointed: a resumed run rebuilds it from what it started from (the
+pretrained weights and the seed, its own checkpoint 0, or `init_from`'s checkpoint).
 
 Multi-host (SPMD, `parallel/multihost.py`): each process rolls out its contiguous slice of the
 step's problems (and of the eval problems) with its own sampling stream, on a process-local view
@@ -237,13 +237,8 @@ class Run:
                                              base=base)
     trainable, self.frozen = self.fns.shard_params(trainable, frozen)
     self.reference = None  # the KL reference's own params (full models with kl_coef > 0)
-    if self.fns.reference_params is not None:
-      self.reference = self.fns.reference_params(trainable)
-      size = sum(x.nbytes for x in jax.tree.leaves(self.reference))
-      logging.info("KL reference: %s", "the LoRA base without adapters (no extra memory)"
-                   if self.reference is None else
-                   f"a frozen copy of the initial policy params, {size} bytes "
-                   f"({size / 2**20:.1f} MiB)")
+    if not (c.sft.steps or c.init_from):  # else set where RL's starting params are made
+      self._set_reference(trainable)
     self.next_seed = 0  # data position: the first seed not rolled out yet
     self.local_frozen = multihost.process_local(self.frozen, self.mesh)  # never donated
     self.state = self.fns.init(trainable)
@@ -338,22 +333,52 @@ class Run:
       logging.info("warm-start step %d/%d: loss %.4f, demonstrations solved %.2f", step + 1,
                    c.sft.steps, out["sft/loss"], out["sft/solved"])
     self.state = self.fns.init(state.params)
+    self._set_reference(state.params)
     return dict(out, **{"sft/first_loss": first_loss, "sft/steps": float(c.sft.steps)})
 
   def start_from_checkpoint(self) -> None:
     """RL's state from the params of `config.init_from`'s checkpoint (restored into this run's
     layout) with a fresh optimizer state, as after a warm-start."""
-    c = self.c
-    workdir, step = config_lib.init_from(c)
+    workdir, step = config_lib.init_from(self.c)
+    params = self._checkpoint_params(workdir, step, f"config.init_from={self.c.init_from!r}")
+    logging.info("starting from the params of checkpoint %d in %s", step, workdir)
+    self.state = self.fns.init(params)
+    self._set_reference(params)
+
+  def resume_reference(self) -> None:
+    """A resumed run's KL reference, as its first process had it: the params RL started from,
+    `config.init_from`'s checkpoint or, after a warm-start, the run's own checkpoint 0 (which
+    rotation keeps)."""
+    if self.fns.reference_params is None or not (self.c.init_from or self.c.sft.steps):
+      return
+    workdir, step = config_lib.init_from(self.c) if self.c.init_from else (self.workdir, 0)
+    self._set_reference(self._checkpoint_params(workdir, step, workdir))
+
+  def _set_reference(self, trainable: Any) -> None:
+    """The KL reference (`loss.kl_coef` > 0): the policy RL starts from, in its own buffers,
+    never updated. Full models: a copy of `trainable`'s policy params, so after a warm-start
+    the KL keeps RL near the warm-started policy, not the pretrained one (which never saw the
+    reply format). LoRA: the base without adapters (RL from trained adapters is refused)."""
+    if self.fns.reference_params is None:
+      return
+    self.reference = self.fns.reference_params(trainable)
+    size = sum(x.nbytes for x in jax.tree.leaves(self.reference))
+    logging.info("KL reference: %s", "the LoRA base without adapters (no extra memory)"
+                 if self.reference is None else
+                 f"a frozen copy of the policy params RL starts from, {size} bytes "
+                 f"({size / 2**20:.1f} MiB)")
+
+  def _checkpoint_params(self, workdir: str, step: int, source: str) -> Any:
+    """The trainable params of checkpoint `step` of `workdir`, restored into this run's layout;
+    `source` names where the step came from in the refusal."""
     with Checkpointer(os.path.join(workdir, CHECKPOINT_DIR)) as source:
       try:
         restored = source.restore(step, target={"train": self.state, "rng": self.run_key})
       except (ValueError, TypeError, KeyError) as e:
-        raise UserInputError(f"config.init_from={c.init_from!r}: checkpoint {step} does not fit "
-                             f"this config's team and optimizer ({one_line(e)}); expected a "
-                             "run of the same models, policy layout and trained agents") from None
-    logging.info("starting from the params of checkpoint %d in %s", step, workdir)
-    self.state = self.fns.init(restored.state["train"].params)
+        raise UserInputError(f"{source}: checkpoint {step} does not fit this config's team and "
+                             f"optimizer ({one_line(e)}); expected a run of the same models, "
+                             "policy layout and trained agents") from None
+    return restored.state["train"].params
 
   def _batch(self, samples: list[Sample], shape: BatchShape) -> Any:
     """The global train batch of these samples in `shape`'s layout; each process passes its
@@ -463,6 +488,8 @@ def train(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     writer.write_hparams(c.to_dict())
   if fresh and c.init_from:
     run.start_from_checkpoint()
+  elif not fresh:
+    run.resume_reference()
   if fresh and (c.eval.at_start or c.sft.steps):
     scalars = {}
     if c.sft.steps:  # step 0's eval/ metrics are the warm-started policy's; pretrained/ before

@@ -164,3 +164,7 @@ def test_kl_coef_errors():
     c.loss.kl_coef = bad
     with pytest.raises(config_lib.UserInputError, match="config.loss.kl_coef"):
       config_lib.build(c)
+  c.loss.kl_coef, c.policy.kind, c.sft.steps = 0.1, "lora", 2  # the reference would be the base
+  with pytest.raises(config_lib.UserInputError, match=r"kl_coef=0.1 with LoRA adapters that RL "
+                                                      r"starts from trained \(sft.steps"):
+    config_lib.build(c)

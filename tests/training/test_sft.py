@@ -19,6 +19,7 @@ from marl_jax.errors import UserInputError
 from marl_jax.parallel.policies import PolicyConfig
 from marl_jax.traces import store
 from marl_jax.models import config as model_config
+from marl_jax.models.loading import load_model
 from marl_jax.training import config as config_lib
 from marl_jax.training import preflight, sft, trainer
 from marl_jax.training.checkpoint import Checkpointer, saved_steps
@@ -285,6 +286,41 @@ def test_warm_start_is_checkpointed_resumed_and_forked(model_dir, tmp_path, monk
   replies = [store.read_content(tmp_path / name / "traces" / "eval_step0.jsonl")
              for name in ("straight", "fork")]
   assert replies[0] == replies[1]
+
+
+def test_kl_reference_is_the_policy_rl_starts_from(model_dir, tmp_path, monkeypatch):
+  """With `loss.kl_coef` > 0 the KL reference is the policy RL starts from: the warm-started
+  params of checkpoint 0 (not the pretrained ones), in the run that warm-started, in that run
+  resumed after step 1 (rebuilt from checkpoint 0) and in a fork of checkpoint 0. So step 1
+  samples the reference itself: its KL is 0 up to float error."""
+  c = _config(model_dir)
+  c.loss.kl_coef, c.loss.kl_estimator = 0.5, "k3"
+  seen = {}
+  train_step = trainer.Run.train_step
+
+  def recording(self, step):
+    seen[self.workdir, step] = jax.tree.leaves(jax.device_get(self.reference))
+    return train_step(self, step)
+
+  monkeypatch.setattr(trainer.Run, "train_step", recording)
+  straight = str(tmp_path / "straight")
+  trainer.train(c, straight)
+  c.train.steps = 2
+  trainer.train(c, straight)  # resumed from checkpoint 1
+  fork = _config(model_dir)
+  fork.loss.kl_coef, fork.loss.kl_estimator = 0.5, "k3"
+  fork.sft.steps, fork.init_from = 0, f"{straight}:0"
+  trainer.train(fork, str(tmp_path / "fork"))
+  with Checkpointer(tmp_path / "straight" / "checkpoints") as source:
+    warm = jax.tree.leaves(source.restore(0).state["train"]["params"]["policy"])
+  assert set(seen) == {(straight, 0), (straight, 1), (str(tmp_path / "fork"), 0)}
+  for leaves in seen.values():
+    for x, y in zip(leaves, warm, strict=True):
+      np.testing.assert_array_equal(x, y)
+  pretrained = jax.tree.leaves(load_model(model_dir).params)
+  assert any(not np.array_equal(x, np.asarray(y)) for x, y in zip(warm, pretrained))
+  for workdir in (straight, str(tmp_path / "fork")):
+    assert abs(_by_step(workdir)[1]["train/kl"]) < 1e-5
 
 
 def test_init_from_refusals(model_dir, tmp_path):
