@@ -371,9 +371,9 @@ class Run:
   def _checkpoint_params(self, workdir: str, step: int, source: str) -> Any:
     """The trainable params of checkpoint `step` of `workdir`, restored into this run's layout;
     `source` names where the step came from in the refusal."""
-    with Checkpointer(os.path.join(workdir, CHECKPOINT_DIR)) as source:
+    with Checkpointer(os.path.join(workdir, CHECKPOINT_DIR)) as checkpoints:
       try:
-        restored = source.restore(step, target={"train": self.state, "rng": self.run_key})
+        restored = checkpoints.restore(step, target={"train": self.state, "rng": self.run_key})
       except (ValueError, TypeError, KeyError) as e:
         raise UserInputError(f"{source}: checkpoint {step} does not fit this config's team and "
                              f"optimizer ({one_line(e)}); expected a run of the same models, "

@@ -342,6 +342,7 @@ def test_init_from_refusals(model_dir, tmp_path):
     assert "\n" not in str(info.value)
   other = _config(model_dir, "mas_lora,cpu")  # adapters: another params tree
   other.init_from, other.sft.steps = str(tmp_path / "source"), 0
-  with pytest.raises(UserInputError, match=r"checkpoint 1 does not fit this config's team and "
+  with pytest.raises(UserInputError, match=r"config.init_from='.*source': checkpoint 1 does not "
+                                           r"fit this config's team and "
                                            r"optimizer \(.*\); expected a run of the same"):
     trainer.train(other, str(tmp_path / "other"))
