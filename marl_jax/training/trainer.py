@@ -237,7 +237,7 @@ class Run:
                                              base=base)
     trainable, self.frozen = self.fns.shard_params(trainable, frozen)
     self.reference = None  # the KL reference's own params (full models with kl_coef > 0)
-    if not (c.sft.steps or c.init_from):  # else set where RL's starting params are made
+    if self._start_checkpoint() is None:  # else set where RL's starting params are made
       self._set_reference(trainable)
     self.next_seed = 0  # data position: the first seed not rolled out yet
     self.local_frozen = multihost.process_local(self.frozen, self.mesh)  # never donated
@@ -349,10 +349,17 @@ class Run:
     """A resumed run's KL reference, as its first process had it: the params RL started from,
     `config.init_from`'s checkpoint or, after a warm-start, the run's own checkpoint 0 (which
     rotation keeps)."""
-    if self.fns.reference_params is None or not (self.c.init_from or self.c.sft.steps):
-      return
-    workdir, step = config_lib.init_from(self.c) if self.c.init_from else (self.workdir, 0)
-    self._set_reference(self._checkpoint_params(workdir, step, workdir))
+    start = self._start_checkpoint()
+    if self.fns.reference_params is not None and start is not None:
+      workdir, step = start
+      self._set_reference(self._checkpoint_params(workdir, step, workdir))
+
+  def _start_checkpoint(self) -> tuple[str, int] | None:
+    """Where the params RL starts from are saved, when they are not the pretrained ones:
+    `config.init_from`'s checkpoint, or this run's checkpoint 0 after its warm-start."""
+    if self.c.init_from:
+      return config_lib.init_from(self.c)
+    return (self.workdir, 0) if self.c.sft.steps else None
 
   def _set_reference(self, trainable: Any) -> None:
     """The KL reference (`loss.kl_coef` > 0): the policy RL starts from, in its own buffers,

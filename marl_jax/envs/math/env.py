@@ -552,7 +552,7 @@ class CheckedStopMathEnv(LearnedStopMathEnv):
       return Observation(agent, self.turn, CHECKER_SYSTEM, task)
     if agent == "solver":  # as 'learned_stop', naming the checker
       return super().observe(agent)
-    left = self.max_turns - self.turn - 1  # the last line is what the reply copies (below)
+    left = self.max_turns - self.turn - 1
     return Observation(agent, self.turn, CHECKED_COORDINATOR_SYSTEM,
                        f"{task}\nProposed solution:\n{truncate(self.solution, 1500)}\n"
                        f"Checker's review:\n{self.review}\nRounds left after this one: {left}.\n"
