@@ -17,7 +17,9 @@ import jax.numpy as jnp
 from marl_jax.algos.batch import GroupSpace, SampleBatch, mixed_reward
 from marl_jax.algos.segments import AxisName, count, psum
 
-GROUPINGS = ("problem", "problem_agent", "problem_turn_agent", "problem_turn_agent_state")
+GROUPINGS = ("problem", "problem_agent", "problem_turn_agent", "problem_turn_agent_state",
+             "turn_agent_state")
+STATE_GROUPINGS = ("problem_turn_agent_state", "turn_agent_state")  # split by observed state
 FILTERS = ("none", "lowest_mean", "zero_variance")
 MAGRPO_BASELINES = ("mean", "none", "loo", "max")
 _GROUP_ESTIMATORS = ("grpo", "at_grpo", "drmas", "dr_grpo", "rloo", "remax")
@@ -46,10 +48,11 @@ class AdvantageConfig:
 
   Attributes:
     estimator: registry name (see `advantages.ESTIMATORS`).
-    group_by: grouping of group estimators: "problem", "problem_agent", "problem_turn_agent" or
-      "problem_turn_agent_state" (also split by the state the agent observed, `batch.group_ids`)
-      (None: grpo/dr_grpo/rloo/remax "problem", at_grpo "problem_turn_agent", drmas
-      "problem_agent").
+    group_by: grouping of group estimators: "problem", "problem_agent", "problem_turn_agent",
+      "problem_turn_agent_state" (also split by the state the agent observed) or
+      "turn_agent_state" (the same pooled over the step's problems: a baseline per turn, agent
+      and state), see `batch.group_ids` (None: grpo/dr_grpo/rloo/remax "problem", at_grpo
+      "problem_turn_agent", drmas "problem_agent").
     std_ddof: 0 (population) or 1 (unbiased) for group, sibling and batch standard deviations
       (None: 1 for at_grpo, drmas and traj_grpo, whose paper code divides by verl's unbiased
       `torch.std`; else 0).
@@ -75,15 +78,15 @@ class AdvantageConfig:
     balance_states: weigh each state an agent was observed in equally: a sample's advantage is
       scaled by n_a / (S_a x n_as), n_as the agent's kept samples in that state, n_a their sum
       and S_a the states seen, so a frequent state cannot outvote a rare one on the features
-      both share (a learned stopper's matched and mismatched reviews). Needs group_by
-      "problem_turn_agent_state".
+      both share (a learned stopper's matched and mismatched reviews). Needs a group_by
+      that splits by state (`STATE_GROUPINGS`).
     normalize_states: divide each kept sample's advantage by the root mean square of its
       agent's kept advantages in that state (+ eps), so every state's advantages have unit scale
       while their ratios within the state stay as the estimator made them. With
       normalize_std=False, a stopper's mismatched review keeps its 0.9 correctness gap above
       its 0.1 round-cost gap (group z-scores make both +-0.7), and its matched review's cost
       gaps are not outweighed by the mismatched state's larger rewards. Applied before
-      balance_states; needs group_by "problem_turn_agent_state".
+      balance_states; needs a group_by that splits by state.
   """
   estimator: str = "grpo"
   group_by: str | None = None
@@ -124,9 +127,9 @@ class AdvantageConfig:
       raise ValueError(f"estimator {name!r} never divides by a group std; set normalize_std to "
                        "None or False (normalize_batch z-scores the whole batch)")
     for field in ("balance_states", "normalize_states"):
-      if getattr(self, field) and self.group_by != "problem_turn_agent_state":
+      if getattr(self, field) and self.group_by not in STATE_GROUPINGS:
         raise ValueError(f"{field} scales the states the groups split by; it needs group_by "
-                         f"'problem_turn_agent_state', got {self.group_by!r}")
+                         f"in {list(STATE_GROUPINGS)}, got {self.group_by!r}")
     if self.baseline not in MAGRPO_BASELINES:
       raise ValueError(f"unknown baseline {self.baseline!r}; expected one of "
                        f"{list(MAGRPO_BASELINES)}")

@@ -50,8 +50,8 @@ class GroupSpace:
     num_agents: agent ids lie in [0, num_agents).
     num_trajs: trajectory ids lie in [0, num_trajs) (needed by `gae_*`; 0 = unused).
     num_nodes: node ids lie in [0, num_nodes) (needed by `magrpo`; 0 = unused).
-    num_states: observed-state ids lie in [0, num_states) (`group_by`
-      "problem_turn_agent_state"; 1 when the workflow's observations declare none).
+    num_states: observed-state ids lie in [0, num_states) (the `group_by`s that split by state;
+      1 when the workflow's observations declare none).
   """
   num_problems: int
   max_turns: int = 1
@@ -86,8 +86,8 @@ class SampleBatch:
       samples of one joint action share the node.
     parent_node: i32[N] node that spawned this sample's node; -1 at the root (first turn).
     state: i32[N] the discrete state the agent observed when it replied, in [0, num_states)
-      (`envs.base.Observation.state`); decisions in different states never share a
-      "problem_turn_agent_state" group.
+      (`envs.base.Observation.state`); decisions in different states never share a group of a
+      `group_by` that splits by state.
     is_greedy: bool[N] the sample was decoded greedily (ReMax baseline sample, not trained on).
     values: f32[N] critic value of the sample's state (`gae_action`).
     token_values: f32[N, T] critic value per response token (`gae_token`).
@@ -236,16 +236,22 @@ def parent_node(traj: int, turn: int, max_turns: int, branching: int = 1) -> int
 
 def group_ids(batch: SampleBatch, group_by: str,
               space: GroupSpace) -> tuple[jax.Array, int, jax.Array]:
-  """Mixed-radix group code [N] of (problem[, turn][, agent][, state]), its segment count, and
+  """Mixed-radix group code [N] of ([problem][, turn][, agent][, state]), its segment count, and
   whether each sample's ids are in range [N]. `group_by`: "problem", "problem_agent",
-  "problem_turn_agent" or "problem_turn_agent_state"; each factor has its own radix, so distinct
-  problems never share a group.
+  "problem_turn_agent", "problem_turn_agent_state" or "turn_agent_state"; each factor has its
+  own radix, so groups with a problem factor never mix problems.
 
   Why a state factor: independent trajectories reach a turn in different states, so a
   (problem, turn, agent) group compares decisions taken in different situations, and the
   state's value leaks into each action's advantage (a stop after a matching check against a
   continue after a mismatch). With the state the agent observed as a factor, a group compares
-  actions only."""
+  actions only.
+
+  Why "turn_agent_state" drops the problem: split by state, a (problem, turn, agent) group of K
+  trajectories leaves one or two samples in a rare state, often a singleton with nothing to
+  compare against. Pooled over the step's problems, each (turn, agent, state) group holds all of
+  that state's decisions: a per-state baseline (the mean reward after that observation) for
+  problems of similar difficulty."""
   p, t, a = batch.problem_id, batch.turn, batch.agent_id
   ok = in_range(p, 0, space.num_problems)
   if group_by == "problem":
@@ -254,6 +260,10 @@ def group_ids(batch: SampleBatch, group_by: str,
   if group_by == "problem_agent":
     return p * space.num_agents + a, space.num_problems * space.num_agents, ok
   ok &= in_range(t, 0, space.max_turns)
+  if group_by == "turn_agent_state":
+    ok &= in_range(batch.state, 0, space.num_states)
+    return ((t * space.num_agents + a) * space.num_states + batch.state,
+            space.max_turns * space.num_agents * space.num_states, ok)
   ids = (p * space.max_turns + t) * space.num_agents + a
   num = space.num_problems * space.max_turns * space.num_agents
   if group_by == "problem_turn_agent":

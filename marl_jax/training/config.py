@@ -23,7 +23,7 @@ from flax import traverse_util
 from ml_collections import config_dict
 
 from marl_jax.algos import critic as critic_lib
-from marl_jax.algos.advantage_config import AdvantageConfig
+from marl_jax.algos.advantage_config import STATE_GROUPINGS, AdvantageConfig
 from marl_jax.algos.losses import LossConfig
 from marl_jax.algos.optim import OptimConfig
 from marl_jax.errors import UserInputError
@@ -399,10 +399,15 @@ def _check_rollout(c: ml_collections.ConfigDict, spec: WorkflowSpec,
       raise ValueError(f"config.rollout.k={k} gives every MAGRPO node no sibling, so every "
                        "advantage is 0; expected k >= 2")
   group_by = advantage.resolved().group_by
-  if group_by == "problem_turn_agent_state" and spec.num_states == 1:
+  if group_by in STATE_GROUPINGS and spec.num_states == 1:
     raise ValueError(f"config.algo.group_by={group_by!r} splits groups by the state each agent "
                      f"observed; workflow {c.env.workflow!r} declares none (num_states 1); "
                      "expected 'problem_turn_agent'")
+  if (group_by == "turn_agent_state" and advantage.filter == "zero_variance"
+      and c.rollout.max_refills):
+    raise ValueError(f"config.algo.group_by={group_by!r} pools the step's problems, so DAPO "
+                     "dynamic sampling has no problem of its own group to keep; expected "
+                     "config.rollout.max_refills=0 or a group_by with a problem factor")
   if (k < 2 and group_by in ("problem_turn_agent", "problem_turn_agent_state")
       and algo.estimator in ("grpo", "at_grpo", "dr_grpo", "rloo")):
     raise ValueError(f"config.rollout.k={k} puts one sample in every (problem, turn, agent) group "

@@ -32,7 +32,10 @@ def _group_key(s: Sample, group_by: str) -> tuple[int, ...]:
     return (s.problem_id, s.agent_id)
   if group_by == "problem_turn_agent":
     return (s.problem_id, s.turn, s.agent_id)
-  return (s.problem_id, s.turn, s.agent_id, s.state)
+  if group_by == "problem_turn_agent_state":
+    return (s.problem_id, s.turn, s.agent_id, s.state)
+  raise ValueError(f"group_by {group_by!r} pools problems, so no problem carries a group of its "
+                   "own to qualify by; expected a grouping with a problem factor")
 
 
 def qualifying_problems(samples: Sequence[Sample], group_by: str, alpha: float) -> list[int]:

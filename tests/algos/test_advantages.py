@@ -105,7 +105,8 @@ def ref_group(batch, kind, group_by, ddof, eps=1e-6, normalize_std=True, filt="n
   greedy = np.asarray(batch.is_greedy)
   cols = {"problem": ("problem_id",), "problem_agent": ("problem_id", "agent_id"),
           "problem_turn_agent": ("problem_id", "turn", "agent_id"),
-          "problem_turn_agent_state": ("problem_id", "turn", "agent_id", "state")}[group_by]
+          "problem_turn_agent_state": ("problem_id", "turn", "agent_id", "state"),
+          "turn_agent_state": ("turn", "agent_id", "state")}[group_by]
   groups = collections.defaultdict(list)
   for i in np.flatnonzero(mask):
     groups[tuple(int(getattr(batch, c)[i]) for c in cols)].append(i)
@@ -146,6 +147,8 @@ GROUP_CASES = [
      dict(kind="at_grpo", group_by="problem_turn_agent", ddof=1, alpha=0.5)),
     (dict(estimator="at_grpo", group_by="problem_turn_agent_state"),
      dict(kind="at_grpo", group_by="problem_turn_agent_state", ddof=1)),
+    (dict(estimator="at_grpo", group_by="turn_agent_state", filter="lowest_mean"),
+     dict(kind="at_grpo", group_by="turn_agent_state", ddof=1, filt="lowest_mean")),
     (dict(estimator="drmas"), dict(kind="drmas", group_by="problem_agent", ddof=1)),
     (dict(estimator="drmas", normalize_std=False),
      dict(kind="drmas", group_by="problem_agent", ddof=1, normalize_std=False)),
@@ -212,7 +215,8 @@ def test_normalize_states_gives_each_agents_states_unit_scale(balance):
 @pytest.mark.parametrize("field", ["balance_states", "normalize_states"])
 def test_state_scaling_needs_state_matched_groups(field):
   with pytest.raises(ValueError, match=f"{field} scales the states the groups split by; it "
-                     "needs group_by 'problem_turn_agent_state', got 'problem_turn_agent'"):
+                     r"needs group_by in \['problem_turn_agent_state', 'turn_agent_state'\], "
+                     "got 'problem_turn_agent'"):
     AdvantageConfig("at_grpo", group_by="problem_turn_agent", **{field: True})
 
 

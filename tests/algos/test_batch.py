@@ -53,6 +53,10 @@ def test_group_ids_are_mixed_radix_codes():
                                           ((0 * 2 + 0) * 2 + 1) * 2 + 0])
   assert num == 24
   np.testing.assert_array_equal(ok, [True, True, False, False])  # state 2 is out of range
+  ids, num, ok = batch_lib.group_ids(b, "turn_agent_state", space)  # problems pooled
+  np.testing.assert_array_equal(ids[:2], [(1 * 2 + 1) * 2 + 1, (0 * 2 + 1) * 2 + 0])
+  assert num == 8
+  np.testing.assert_array_equal(ok, [True, True, False, False])  # problem 3 still out of range
   with pytest.raises(ValueError, match=r"sample 3: state=2 outside \[0, 2\)"):
     batch_lib.validate_batch(b.replace(problem_id=np.array([2, 0, 1, 1], np.int32),
                                        turn=np.array([1, 0, 0, 1], np.int32)), space)

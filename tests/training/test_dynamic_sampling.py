@@ -181,6 +181,8 @@ def test_state_matched_groups_qualify_by_their_own_variance():
              _sample(1, 4, 1.0, state=1)]
   assert refill.qualifying_problems(samples, "problem_turn_agent", 0.0) == [0, 1]
   assert refill.qualifying_problems(samples, "problem_turn_agent_state", 0.0) == [1]
+  with pytest.raises(ValueError, match="'turn_agent_state' pools problems"):
+    refill.qualifying_problems(samples, "turn_agent_state", 0.0)
 
 
 def test_select_renumbers_problems_trajectories_and_parents():

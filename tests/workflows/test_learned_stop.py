@@ -367,11 +367,22 @@ def test_observed_state_outside_the_workflows_states_is_refused(monkeypatch):
     _rollout("learned_stop_checked", _follow_check, n=1)
 
 
-def test_state_matched_groups_need_a_workflow_with_states():
+@pytest.mark.parametrize("group_by", ["problem_turn_agent_state", "turn_agent_state"])
+def test_state_matched_groups_need_a_workflow_with_states(group_by):
   c = orchestration_stop.get_config("cpu")
-  c.algo.estimator, c.algo.group_by = "at_grpo", "problem_turn_agent_state"
+  c.algo.estimator, c.algo.group_by = "at_grpo", group_by
   with pytest.raises(ValueError, match="workflow 'learned_stop' declares none"):
     config_lib.build(c)
+
+
+def test_pooled_state_groups_refuse_dynamic_sampling():
+  """DAPO refills keep whole problems by their own groups; pooled groups have none."""
+  c = orchestration_stop.get_config("full,program,cpu")
+  c.algo.group_by, c.algo.filter, c.rollout.max_refills = "turn_agent_state", "zero_variance", 2
+  with pytest.raises(ValueError, match=r"group_by='turn_agent_state' pools the step's problems"):
+    config_lib.build(c)
+  c.rollout.max_refills = 0  # the device filter alone drops constant pooled groups
+  assert config_lib.build(c).advantage.group_by == "turn_agent_state"
 
 
 def test_decision_rewards_need_independent_rollouts():
