@@ -208,7 +208,8 @@ def trained_samples(samples: list[Sample], agents: frozenset[str]) -> list[Sampl
 class Run:
   """One configured training run: model, team, workflow, train step and bookkeeping."""
 
-  def __init__(self, c: ml_collections.ConfigDict, workdir: str):
+  def __init__(self, c: ml_collections.ConfigDict, workdir: str, *, trains: bool = True):
+    """`trains=False`: the run only evaluates, so it holds no KL reference copy."""
     built = preflight.check(c, workdir)  # every input error surfaces here, before any loading
     sandbox.require_isolation(c.rollout.allow_unsandboxed)  # refuses or warns before the model
     self.c, self.workdir = c, workdir
@@ -237,6 +238,7 @@ class Run:
                                              base=base)
     trainable, self.frozen = self.fns.shard_params(trainable, frozen)
     self.reference = None  # the KL reference's own params (full models with kl_coef > 0)
+    self.trains = trains
     if self._start_checkpoint() is None:  # else set where RL's starting params are made
       self._set_reference(trainable)
     self.next_seed = 0  # data position: the first seed not rolled out yet
@@ -286,6 +288,9 @@ class Run:
     return {f"{split}/{k}": v for k, v in metrics.items()}
 
   def train_step(self, step: int) -> dict[str, float]:
+    if not self.trains:
+      raise RuntimeError("this Run was built to evaluate (trains=False): it holds no KL "
+                         "reference; build it with trains=True to train")
     self.train_policy.reseed(multihost.process_key(jax.random.fold_in(self.run_key, step)))
     start = time.monotonic()
     samples, result, refill_metrics = self._rollout()
@@ -366,7 +371,7 @@ class Run:
     never updated. Full models: a copy of `trainable`'s policy params, so after a warm-start
     the KL keeps RL near the warm-started policy, not the pretrained one (which never saw the
     reply format). LoRA: the base without adapters (RL from trained adapters is refused)."""
-    if self.fns.reference_params is None:
+    if self.fns.reference_params is None or not self.trains:
       return
     self.reference = self.fns.reference_params(trainable)
     size = sum(x.nbytes for x in jax.tree.leaves(self.reference))
@@ -455,7 +460,7 @@ def evaluate_checkpoint(c: ml_collections.ConfigDict, workdir: str, step: int | 
     if step not in steps:
       raise UserInputError(f"--checkpoint={step}: no such checkpoint in {workdir}; expected one "
                            f"of the saved steps {steps}")
-  run = Run(c, workdir)
+  run = Run(c, workdir, trains=False)
   warm_start = {}
   if step is not None or run.checkpointer.latest_step() is not None:
     restored = run.checkpointer.restore(step, target={"train": run.state, "rng": run.run_key})
@@ -478,7 +483,7 @@ def train(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   if saved_steps(workdir) and os.path.exists(saved):
     with open(saved) as f:
       config_lib.check_resume(json.load(f), c)
-  run = Run(c, workdir)
+  run = Run(c, workdir, trains=False)
   restored = run.checkpointer.restore_or_init(
       {"train": run.state, "rng": run.run_key}, {"next_step": 0, "next_seed": 0})
   run.state = restored.state["train"]

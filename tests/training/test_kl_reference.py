@@ -168,3 +168,19 @@ def test_kl_coef_errors():
   with pytest.raises(config_lib.UserInputError, match=r"kl_coef=0.1 with LoRA adapters that RL "
                                                       r"starts from trained \(sft.steps"):
     config_lib.build(c)
+
+
+def test_evaluation_holds_no_reference(model_dir, tmp_path, monkeypatch):
+  """Evaluating a kl_coef > 0 run builds no frozen copy (a model's worth of memory); a Run
+  built to evaluate refuses to train rather than train against a missing reference."""
+  c = _config(model_dir, "stacked", "k3")
+  seen = []
+  evaluate = trainer.Run.evaluate
+  monkeypatch.setattr(trainer.Run, "evaluate",
+                      lambda self, *a, **k: (seen.append(self.reference), evaluate(self, *a, **k))[1])
+  trainer.evaluate_checkpoint(c, str(tmp_path / "eval"))
+  assert seen == [None]
+  run = trainer.Run(c, str(tmp_path / "train"))
+  assert run.reference is not None  # training holds it (checked bit for bit above)
+  with pytest.raises(RuntimeError, match=r"built to evaluate \(trains=False\)"):
+    trainer.Run(c, str(tmp_path / "eval2"), trains=False).train_step(0)
