@@ -483,7 +483,7 @@ def train(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   if saved_steps(workdir) and os.path.exists(saved):
     with open(saved) as f:
       config_lib.check_resume(json.load(f), c)
-  run = Run(c, workdir, trains=False)
+  run = Run(c, workdir)
   restored = run.checkpointer.restore_or_init(
       {"train": run.state, "rng": run.run_key}, {"next_step": 0, "next_seed": 0})
   run.state = restored.state["train"]
