@@ -403,8 +403,7 @@ def _check_rollout(c: ml_collections.ConfigDict, spec: WorkflowSpec,
     raise ValueError(f"config.algo.group_by={group_by!r} splits groups by the state each agent "
                      f"observed; workflow {c.env.workflow!r} declares none (num_states 1); "
                      "expected 'problem_turn_agent'")
-  if (group_by == "turn_agent_state" and advantage.filter == "zero_variance"
-      and c.rollout.max_refills):
+  if group_by == "turn_agent_state" and dynamic_sampling(c, advantage):
     raise ValueError(f"config.algo.group_by={group_by!r} pools the step's problems, so DAPO "
                      "dynamic sampling has no problem of its own group to keep; expected "
                      "config.rollout.max_refills=0 or a group_by with a problem factor")
@@ -412,6 +411,11 @@ def _check_rollout(c: ml_collections.ConfigDict, spec: WorkflowSpec,
       and algo.estimator in ("grpo", "at_grpo", "dr_grpo", "rloo")):
     raise ValueError(f"config.rollout.k={k} puts one sample in every (problem, turn, agent) group "
                      f"of estimator {algo.estimator!r}, so every advantage is 0; expected k >= 2")
+
+
+def dynamic_sampling(c: ml_collections.ConfigDict, advantage: AdvantageConfig) -> bool:
+  """Whether the run refills its rollouts (DAPO dynamic sampling, `training/refill.py`)."""
+  return advantage.filter == "zero_variance" and c.rollout.max_refills > 0
 
 
 # What a resumed run may change: how far it runs, how it is named, logged, checkpointed and

@@ -27,7 +27,7 @@ def check(c: ml_collections.ConfigDict, workdir: str) -> config_lib.Built:
   built = config_lib.build(c)
   check_mini_batch(c, config_lib.mesh_shape(tuple(c.train.mesh), jax.device_count()))
   procs = jax.process_count()
-  if dynamic_sampling(c, built) and procs > 1:
+  if config_lib.dynamic_sampling(c, built.advantage) and procs > 1:
     raise UserInputError(f"DAPO dynamic sampling (config.rollout.max_refills="
                          f"{c.rollout.max_refills} with algo.filter='zero_variance') runs on one "
                          f"process only, got {procs}; set config.rollout.max_refills=0")
@@ -54,11 +54,6 @@ def check_mini_batch(c: ml_collections.ConfigDict, mesh: tuple[int, int, int]) -
                                 field="config.train.mini_batch_size")
   except ValueError as e:
     raise UserInputError(str(e)) from None
-
-
-def dynamic_sampling(c: ml_collections.ConfigDict, built: config_lib.Built) -> bool:
-  """Whether the run refills its rollouts (DAPO dynamic sampling, `training/refill.py`)."""
-  return built.advantage.filter == "zero_variance" and c.rollout.max_refills > 0
 
 
 def check_workdir(workdir: str | os.PathLike[str]) -> None:

@@ -228,7 +228,7 @@ class Run:
       raise UserInputError(f"{procs} processes need config.<section>.problems_per_step >= "
                            f"{procs} (got {sizes}) and data x fsdp x micro_batches divisible by "
                            f"{procs} (got {shards})")
-    self.dynamic = preflight.dynamic_sampling(c, built)  # one process only: preflight checked
+    self.dynamic = config_lib.dynamic_sampling(c, built.advantage)  # one process: preflight
     self.advantage = built.advantage.resolved()
     self.shape = batch_shape(c, self.spec, shards, procs)
     self.train_cfg = train_config(c, built, self.policy, self.shape)

@@ -176,8 +176,12 @@ def test_evaluation_holds_no_reference(model_dir, tmp_path, monkeypatch):
   c = _config(model_dir, "stacked", "k3")
   seen = []
   evaluate = trainer.Run.evaluate
-  monkeypatch.setattr(trainer.Run, "evaluate",
-                      lambda self, *a, **k: (seen.append(self.reference), evaluate(self, *a, **k))[1])
+
+  def recording(self, *args, **kwargs):
+    seen.append(self.reference)
+    return evaluate(self, *args, **kwargs)
+
+  monkeypatch.setattr(trainer.Run, "evaluate", recording)
   trainer.evaluate_checkpoint(c, str(tmp_path / "eval"))
   assert seen == [None]
   run = trainer.Run(c, str(tmp_path / "train"))
