@@ -7,15 +7,16 @@ agents' tokens masked (what such a run computed before), as JSON.
         [--config.env.kwargs.level=one_step --config.rollout.problems_per_step=4 \
          --config.rollout.k=4 --repeats=2]
 
-The config's warm-start (when `sft.steps` > 0, as a run starts) and one rollout, then one update
-of the same params from that batch both ways: on the whole batch (`fns.prepare`, with the
-learner's old log-probs when the config recomputes them, then `fns.step`), and
-`minibatch.ppo_updates` (the trainer's path for a partial team), which computes only the trained
-rows, old log-probs included. Each path is called once to compile, then --repeats times, each
-from a fresh state of the same params; the fastest call counts. The report gives each path's
-batch shape (rows per block; [blocks, rows] for a stacked team), its seconds, its loss and its
-gradient norm (the same update both ways, so these agree to float32 rounding; at ratio 1 a
-z-scored policy loss is about 0, the gradient norm is not).
+The config's warm-start (when `sft.steps` > 0, as a run starts) and one rollout, then one update of
+the same params from that batch both ways: on the whole batch (`fns.prepare`, with the learner's old
+log-probs when the config recomputes them, then `fns.step`), and `minibatch.ppo_updates` (the
+trainer's path for a partial team), which computes only the trained rows, old log-probs included,
+and with `loss.kl_coef` > 0 the KL reference's log-probs (the whole-batch path fills them for every
+row, as the trainer did before). Each path is called once to compile, then --repeats times, each
+from a fresh state of the same params; the fastest call counts. The report gives each path's batch
+shape (rows per block; [blocks, rows] for a stacked team), its seconds, its loss and its gradient
+norm (the same update both ways, so these agree to float32 rounding; at ratio 1 a z-scored policy
+loss is about 0, the gradient norm is not).
 """
 
 from __future__ import annotations
@@ -75,16 +76,19 @@ def main(argv):
     return run.fns.init(trainable)
 
   def whole_batch(state):  # the trainer's update before a359963: every row, untrained masked
+    full = batch
+    if run.fns.ref_logp is not None:  # the KL reference pass over every row, as before this
+      full = run.fns.ref_logp(run.reference, run.frozen, full)
     if not run.train_cfg.uses_targets:
-      return run.fns.step(state, run.frozen, batch)
-    full, targets, _ = run.fns.prepare(state.params, run.frozen, batch)  # with old log-probs
+      return run.fns.step(state, run.frozen, full)
+    full, targets, _ = run.fns.prepare(state.params, run.frozen, full)  # with old log-probs
     return run.fns.step(state, run.frozen, full, targets)
 
   paths = {
       "whole_batch": whole_batch,
       "trained_rows": lambda state: minibatch.ppo_updates(
           run.fns._replace(step=recording_step), run.train_cfg, state, run.frozen, batch,
-          np.random.default_rng(0)),
+          np.random.default_rng(0), run.reference),
   }
   report = {"config": c.name, "trained_agents": sorted(run.trained_agents),
             "samples": {a: sum(s.agent == a for s in samples) for a in run.spec.agents},

@@ -8,8 +8,8 @@ group filter's kept samples: groups span mini-batches). The rows an update train
 those kept with a token in the loss (`trained_rows`): a sample of an agent RL leaves out
 (`config.train.agents`) still counts in its group's statistics, but no update computes it, and
 the learner's old log-probs and truncated IS weights, when configured, are computed for these
-rows alone (`fns.recompute`). Each of `cfg.epochs` epochs
-shuffles those rows of every policy block and cuts them into mini-batches of
+rows alone (`fns.recompute`), and so are the KL reference's (`fns.ref_logp`). Each of
+`cfg.epochs` epochs shuffles those rows of every policy block and cuts them into mini-batches of
 `cfg.mini_batch_size` rows (None: all of them in one update, in order); each mini-batch is one
 call of the step, whose loss pairs are exact over that mini-batch (its own denominators, split
 over devices and micro-batches). The old log-probs stay those of the rollout, so from the second
@@ -167,8 +167,11 @@ def trained_rows(cfg: TrainConfig, batch: Any, targets: Any) -> list[np.ndarray]
 
 
 def ppo_updates(fns: TrainFns, cfg: TrainConfig, state: TrainState, frozen: Any, batch: Any,
-                rng: np.random.Generator) -> tuple[TrainState, dict[str, Any]]:
-  """Every update of one rollout (module docstring). Returns the new state and the metrics:
+                rng: np.random.Generator, reference: Any = None
+                ) -> tuple[TrainState, dict[str, Any]]:
+  """Every update of one rollout (module docstring). `reference`: the KL reference
+  (`fns.reference_params`; None with LoRA), whose log-probs are filled for the trained rows only,
+  when `fns.ref_logp` is set. Returns the new state and the metrics:
   each step metric's mean over the updates (`agent/samples`: the rows they trained on), the
   advantage metrics of the whole rollout, `updates` and `policy_skipped` (updates whose policy
   step target_kl or the guard skipped)."""
@@ -179,6 +182,8 @@ def ppo_updates(fns: TrainFns, cfg: TrainConfig, state: TrainState, frozen: Any,
   if any(i is None or len(i) < len(k) for i, k in zip(idx, kept)):  # leave out the other rows
     batch, targets = fns.shard_batch(_select_rows_jit(cfg, batch, targets, idx, valid))
     kept = [v for v in valid if v is not None]
+  if fns.ref_logp is not None:  # the KL reference's log-probs of the rows the updates train on
+    batch = fns.ref_logp(reference, frozen, batch)
   if fns.recompute is not None:  # the learner's old log-probs of the rows it trains on
     batch, targets = fns.recompute(state.params, frozen, batch, targets)
   history = []

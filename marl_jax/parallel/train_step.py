@@ -8,14 +8,15 @@
     batch = fns.ref_logp(reference, frozen, batch)          # loss.kl_coef > 0 only
     state, metrics = fns.step(state, frozen, batch)         # one update per rollout, or:
     batch, targets, adv_metrics = fns.prepare(state.params, frozen, batch, recompute=False)
+    rows = fns.ref_logp(reference, frozen, rows)            # the same, on the trained rows only
     batch, targets = fns.recompute(state.params, frozen, rows, their_targets)  # if configured
     state, metrics = fns.step(state, frozen, mini_batch, targets_of_mini_batch)  # per update
 
 PPO mini-batches and epochs, and updates on the trained rows only (`parallel/minibatch.py`
 drives the updates), need the rollout's advantages fixed before the first update: `prepare`
-computes them over the whole rollout (`gradients.rollout_targets`), `recompute` the learner's
-old log-probs of the rows the updates train on, and each update's step takes them as
-`RolloutTargets`.
+computes them over the whole rollout (`gradients.rollout_targets`), `ref_logp` and `recompute`
+the reference's and the learner's old log-probs of the rows the updates train on, and each
+update's step takes them as `RolloutTargets`.
 
 Inside the shard_map each device holds a slice of the samples and FSDP shards of the params, and
 `parallel/gradients.local_grads` computes advantages, global loss denominators, gradients

@@ -12,12 +12,13 @@ dynamic sampling rolled out extra problems, `training/refill.py`), sampling keys
 `fold_in(run_key, step)`, so a run restarted from its last checkpoint (params, optimizer state,
 step, RNG key and data position) repeats exactly the steps an uninterrupted run would have taken.
 
-KL to a frozen reference (`loss.kl_coef > 0`): a reference pass fills `ref_logp` before each
-update (`train_step.fill_ref_logp`). LoRA: the base without adapters (no extra memory). Full models
-(shared, stacked, mapped): a frozen copy of the params RL starts from in their own buffers (the
-size of those params; logged): the pretrained ones, the warm-started ones, or `init_from`'s. It is
-never updated and not checkpointed: a resumed run rebuilds it from what it started from (the
-pretrained weights and the seed, its own checkpoint 0, or `init_from`'s checkpoint).
+KL to a frozen reference (`loss.kl_coef > 0`): a reference pass fills `ref_logp` before each update
+(`train_step.fill_ref_logp`; of the trained rows only when a team RL trains in part). LoRA: the base
+without adapters (no extra memory). Full models (shared, stacked, mapped): a frozen copy of the
+params RL starts from in their own buffers (the size of those params; logged): the pretrained ones,
+the warm-started ones, or `init_from`'s. It is never updated and not checkpointed: a resumed run
+rebuilds it from what it started from (the pretrained weights and the seed, its own checkpoint 0, or
+`init_from`'s checkpoint).
 
 Multi-host (SPMD, `parallel/multihost.py`): each process rolls out its contiguous slice of the
 step's problems (and of the eval problems) with its own sampling stream, on a process-local view
@@ -298,16 +299,17 @@ class Run:
     batch = self._batch(trained_samples(samples, self.trained_agents), self.shape)
     if self.fns.old_values is not None:  # MARFT: GAE needs the critic's values of these states
       batch = self.fns.old_values(self.state.params, self.frozen, batch)
-    if self.fns.ref_logp is not None:  # the KL term's reference log-probs
-      batch = self.fns.ref_logp(self.reference, self.frozen, batch)
     if self.train_cfg.uses_targets or self.trained_agents != set(self.spec.agents):
       # PPO mini-batches / epochs, or updates on the trained agents' rows only (a team RL
-      # trains in part: `minibatch.trained_rows`); shuffles from (run key, step)
+      # trains in part: `minibatch.trained_rows`; the KL reference pass runs on those rows
+      # alone); shuffles from (run key, step)
       shuffle = np.random.default_rng(np.asarray(jax.random.key_data(
           jax.random.fold_in(jax.random.fold_in(self.run_key, 3), step))))
       self.state, metrics = minibatch.ppo_updates(self.fns, self.train_cfg, self.state,
-                                                  self.frozen, batch, shuffle)
+                                                  self.frozen, batch, shuffle, self.reference)
     else:
+      if self.fns.ref_logp is not None:  # the KL term's reference log-probs
+        batch = self.fns.ref_logp(self.reference, self.frozen, batch)
       self.state, metrics = self.fns.step(self.state, self.frozen, batch)
     out = _scalars(metrics, self.spec.agents)
     out.update(_rollout_metrics(result, self.spec.agents))

@@ -188,3 +188,37 @@ def test_evaluation_holds_no_reference(model_dir, tmp_path, monkeypatch):
   assert run.reference is not None  # training holds it (checked bit for bit above)
   with pytest.raises(RuntimeError, match=r"built to evaluate \(trains=False\)"):
     trainer.Run(c, str(tmp_path / "eval2"), trains=False).train_step(0)
+
+
+def test_partial_team_reference_pass_runs_on_trained_rows(model_dir, tmp_path):
+  """train.agents='second' of a stacked pair: the reference pass sees the second policy's
+  block alone (the first agent's rows are in no loss term, so the trainer no longer computes
+  their reference log-probs), its log-probs are the initial model's (transformers), and the
+  logged KL is the NumPy mean over the second agent's tokens."""
+  c = _config(model_dir, "stacked", "k3")
+  c.train.agents = "second"
+  run = trainer.Run(c, str(tmp_path))
+  passes, steps = [], []
+  ref_fn, step_fn = run.fns.ref_logp, run.fns.step
+
+  def reference_pass(reference, frozen, batch):
+    passes.append(jax.device_get(batch))
+    return ref_fn(reference, frozen, batch)
+
+  def recording(state, frozen, batch, targets=None):
+    steps.append(jax.device_get(batch))
+    return step_fn(state, frozen, batch, targets)
+
+  run.fns = run.fns._replace(ref_logp=reference_pass, step=recording)
+  metrics = run.train_step(0)
+  assert len(passes) == len(steps) == 1
+  assert passes[0].policies == steps[0].policies == (1,)
+  assert passes[0].response.shape[0] == 1
+  (b,) = _rows(steps[0])
+  rows, tm = b.samples.sample_mask, b.samples.token_mask
+  assert set(b.samples.agent_id[rows]) == {1} and tm[rows].any()
+  model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+  want = _torch_logp(model, b.prompt[rows], b.prompt_mask[rows], b.response[rows], tm[rows])
+  np.testing.assert_allclose(b.ref_logp[rows][tm[rows]], want[tm[rows]], atol=1e-4)
+  expected = _np_kl(b.old_logp[rows][tm[rows]].astype(np.float64), want[tm[rows]], "k3").mean()
+  np.testing.assert_allclose(metrics["train/kl"], expected, atol=3e-4, rtol=1e-3)
