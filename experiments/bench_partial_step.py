@@ -8,8 +8,8 @@ agents' tokens masked (what such a run computed before), as JSON.
          --config.rollout.k=4 --repeats=2]
 
 The config's warm-start (when `sft.steps` > 0, as a run starts) and one rollout, then one update of
-the same params from that batch both ways: on the whole batch (`fns.prepare`, with the learner's old
-log-probs when the config recomputes them, then `fns.step`), and `minibatch.ppo_updates` (the
+the same params from that batch both ways: on the whole batch (`fns.prepare`, with the learner's
+old log-probs when the config recomputes them, then `fns.step`), and `minibatch.ppo_updates` (the
 trainer's path for a partial team), which computes only the trained rows, old log-probs included,
 and with `loss.kl_coef` > 0 the KL reference's log-probs (the whole-batch path fills them for every
 row, as the trainer did before). Each path is called once to compile, then --repeats times, each
