@@ -13,12 +13,12 @@ dynamic sampling rolled out extra problems, `training/refill.py`), sampling keys
 step, RNG key and data position) repeats exactly the steps an uninterrupted run would have taken.
 
 KL to a frozen reference (`loss.kl_coef > 0`): a reference pass fills `ref_logp` before each update
-(`train_step.fill_ref_logp`; of the trained rows only when a team RL trains in part). LoRA: the base
-without adapters (no extra memory). Full models (shared, stacked, mapped): a frozen copy of the
-params RL starts from in their own buffers (the size of those params; logged): the pretrained ones,
-the warm-started ones, or `init_from`'s. It is never updated and not checkpointed: a resumed run
-rebuilds it from what it started from (the pretrained weights and the seed, its own checkpoint 0, or
-`init_from`'s checkpoint).
+(`train_step.fill_ref_logp`; of the trained rows only when a team RL trains in part). LoRA: the
+base without adapters (no extra memory). Full models (shared, stacked, mapped): a frozen copy of
+the params RL starts from in their own buffers (the size of those params; logged): the pretrained
+ones, the warm-started ones, or `init_from`'s. It is never updated and not checkpointed: a resumed
+run rebuilds it from what it started from (the pretrained weights and the seed, its own checkpoint
+0, or `init_from`'s checkpoint).
 
 Multi-host (SPMD, `parallel/multihost.py`): each process rolls out its contiguous slice of the
 step's problems (and of the eval problems) with its own sampling stream, on a process-local view
