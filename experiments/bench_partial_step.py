@@ -7,16 +7,18 @@ agents' tokens masked (what such a run computed before), as JSON.
         [--config.env.kwargs.level=one_step --config.rollout.problems_per_step=4 \
          --config.rollout.k=4 --repeats=2]
 
-The config's warm-start (when `sft.steps` > 0, as a run starts) and one rollout, then one update of
-the same params from that batch both ways: on the whole batch (`fns.prepare`, with the learner's
-old log-probs when the config recomputes them, then `fns.step`), and `minibatch.ppo_updates` (the
-trainer's path for a partial team), which computes only the trained rows, old log-probs included,
-and with `loss.kl_coef` > 0 the KL reference's log-probs (the whole-batch path fills them for every
-row, as the trainer did before). Each path is called once to compile, then --repeats times, each
-from a fresh state of the same params; the fastest call counts. The report gives each path's batch
-shape (rows per block; [blocks, rows] for a stacked team), its seconds, its loss and its gradient
-norm (the same update both ways, so these agree to float32 rounding; at ratio 1 a z-scored policy
-loss is about 0, the gradient norm is not).
+The config's warm-start (when `sft.steps` > 0, as a run starts; else `init_from`'s params) and one
+rollout, then one update of the same params from that batch each way: on the whole batch
+(`fns.prepare`, with the learner's old log-probs when the config recomputes them, then `fns.step`),
+and `minibatch.ppo_updates` (the trainer's path for a partial team), which computes only the
+trained rows, old log-probs included. With `loss.kl_coef` > 0 the whole-batch path also fills the
+KL reference's log-probs of every row, `ppo_updates` those of its rows, and a third path,
+`trained_rows_whole_reference`, is the trainer between a359963 and 377fd9d: the reference pass over
+every row, then `ppo_updates`. Each path is called once to compile, then --repeats times, each from
+a fresh state of the same params; the fastest call counts. The report gives each path's batch shape
+(rows per block; [blocks, rows] for a stacked team), its seconds, its loss and its gradient norm
+(the same update every way, so these agree to float32 rounding; at ratio 1 a z-scored policy loss
+is about 0, the gradient norm is not), and each path's seconds over `trained_rows`'.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ def main(argv):
   run = trainer.Run(c, tempfile.mkdtemp(prefix="bench_partial_step_"))
   if c.sft.steps:
     run.warm_start()
+  elif c.init_from:  # a saved warm-start (the run's fork point), instead of making one
+    run.start_from_checkpoint()
   samples, _, _ = run._rollout()
   batch = run._batch(trainer.trained_samples(samples, run.trained_agents), run.shape)
   host_params = jax.device_get(run.state.params)
@@ -75,10 +79,11 @@ def main(argv):
     trainable, _ = run.fns.shard_params(host_params, run.frozen)
     return run.fns.init(trainable)
 
+  def whole_reference():  # the KL reference pass over every row (the trainer before 377fd9d)
+    return run.fns.ref_logp(run.reference, run.frozen, batch)
+
   def whole_batch(state):  # the trainer's update before a359963: every row, untrained masked
-    full = batch
-    if run.fns.ref_logp is not None:  # the KL reference pass over every row, as before this
-      full = run.fns.ref_logp(run.reference, run.frozen, full)
+    full = batch if run.fns.ref_logp is None else whole_reference()
     if not run.train_cfg.uses_targets:
       return run.fns.step(state, run.frozen, full)
     full, targets, _ = run.fns.prepare(state.params, run.frozen, full)  # with old log-probs
@@ -90,6 +95,10 @@ def main(argv):
           run.fns._replace(step=recording_step), run.train_cfg, state, run.frozen, batch,
           np.random.default_rng(0), run.reference),
   }
+  if run.fns.ref_logp is not None:  # the trainer between a359963 and 377fd9d
+    paths["trained_rows_whole_reference"] = lambda state: minibatch.ppo_updates(
+        run.fns._replace(step=recording_step, ref_logp=None), run.train_cfg, state, run.frozen,
+        whole_reference(), np.random.default_rng(0))
   report = {"config": c.name, "trained_agents": sorted(run.trained_agents),
             "samples": {a: sum(s.agent == a for s in samples) for a in run.spec.agents},
             "blocks": list(names), "cores": os.cpu_count(), "jax": jax.__version__,
@@ -109,8 +118,9 @@ def main(argv):
                                "seconds": min(times[1:]), "loss": loss,
                                "grad_norm": grad_norm}
     print(json.dumps({name: report["results"][name]}), flush=True)
-  whole, part = report["results"]["whole_batch"], report["results"]["trained_rows"]
-  report["speedup"] = whole["seconds"] / part["seconds"]
+  results = report["results"]
+  report["speedup"] = {name: r["seconds"] / results["trained_rows"]["seconds"]
+                       for name, r in results.items() if name != "trained_rows"}
   report["load_avg_after"] = os.getloadavg()
   print(json.dumps(report, indent=1))
 
