@@ -32,8 +32,8 @@ equally (`AdvantageConfig.balance_states`), and `--config.algo.normalize_states=
 seed 1 neither prevented the collapse to stopping at once (RESULTS.md).
 `--config.algo.group_by=turn_agent_state` pools the state groups over the step's problems (a
 per-state baseline; alone it swung seed 1 between the extremes), and with
-`--config.loss.kl_coef=1.0` (a KL to the warm-start) seed 1 learned to stop after most matches
-and after no mismatch in 32 steps instead (RESULTS.md, one seed).
+`--config.loss.kl_coef=1.0` (a KL to the warm-start) seeds 0 and 1 learned to stop after most
+matches and after no mismatch in 32 steps instead (RESULTS.md; seed 2 not run yet).
 """
 
 from __future__ import annotations
