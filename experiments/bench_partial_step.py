@@ -18,7 +18,8 @@ every row, then `ppo_updates`. Each path is called once to compile, then --repea
 a fresh state of the same params; the fastest call counts. The report gives each path's batch shape
 (rows per block; [blocks, rows] for a stacked team), its seconds, its loss and its gradient norm
 (the same update every way, so these agree to float32 rounding; at ratio 1 a z-scored policy loss
-is about 0, the gradient norm is not), and each path's seconds over `trained_rows`'.
+is about 0, the gradient norm is not), and `speedup`: each other path's seconds over those of
+`trained_rows`.
 """
 
 from __future__ import annotations
