@@ -12,7 +12,8 @@ rollout, then one update of the same params from that batch each way: on the who
 (`fns.prepare`, with the learner's old log-probs when the config recomputes them, then `fns.step`),
 and `minibatch.ppo_updates` (the trainer's path for a partial team), which computes only the
 trained rows, old log-probs included. With `loss.kl_coef` > 0 the whole-batch path also fills the
-KL reference's log-probs of every row, `ppo_updates` those of its rows, and a third path,
+KL reference's log-probs of every row (from a reference of every policy, built for it), `ppo_updates`
+those of its rows (from the trainer's reference), and a third path,
 `trained_rows_whole_reference`, is the trainer between a359963 and 377fd9d: the reference pass over
 every row, then `ppo_updates`. Each path is called once to compile, then --repeats times, each from
 a fresh state of the same params; the fastest call counts. The report gives each path's batch shape
@@ -24,6 +25,7 @@ is about 0, the gradient norm is not), and `speedup`: each other path's seconds 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -48,6 +50,7 @@ def main(argv):
   import numpy as np
 
   from marl_jax.parallel import layouts, minibatch
+  from marl_jax.parallel.train_step import make_train_step
   from marl_jax.training import config as config_lib
   from marl_jax.training import trainer
 
@@ -80,8 +83,14 @@ def main(argv):
     trainable, _ = run.fns.shard_params(host_params, run.frozen)
     return run.fns.init(trainable)
 
+  if run.fns.ref_logp is not None:  # the whole batch needs every policy's reference: the
+    # trainer's holds the trained policies' alone (`TrainConfig.reference_policies`)
+    whole_fns = make_train_step(dataclasses.replace(run.train_cfg, reference_policies=None),
+                                run.mesh)
+    whole_ref = whole_fns.reference_params(run.fns.shard_params(host_params, run.frozen)[0])
+
   def whole_reference():  # the KL reference pass over every row (the trainer before 377fd9d)
-    return run.fns.ref_logp(run.reference, run.frozen, batch)
+    return whole_fns.ref_logp(whole_ref, run.frozen, batch)
 
   def whole_batch(state):  # the trainer's update before a359963: every row, untrained masked
     full = batch if run.fns.ref_logp is None else whole_reference()
@@ -115,9 +124,9 @@ def main(argv):
       jax.block_until_ready((state, metrics))
       times.append(time.perf_counter() - start)
       loss, grad_norm = (float(jax.device_get(metrics[k])) for k in ("loss", "grad_norm"))
-    report["results"][name] = {"batch_shape": rows[0] if rows else shape_of(batch), "first_call_s": times[0],
-                               "seconds": min(times[1:]), "loss": loss,
-                               "grad_norm": grad_norm}
+    report["results"][name] = {"batch_shape": rows[0] if rows else shape_of(batch),
+                               "first_call_s": times[0], "seconds": min(times[1:]),
+                               "loss": loss, "grad_norm": grad_norm}
     print(json.dumps({name: report["results"][name]}), flush=True)
   results = report["results"]
   report["speedup"] = {name: r["seconds"] / results["trained_rows"]["seconds"]

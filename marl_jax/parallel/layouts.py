@@ -82,6 +82,17 @@ class Layout:
     returning (log-probs, entropies) in the batch's layout."""
     return run(policy, specs[0], cfg.models[0], batch, None)
 
+  # ---------------------------------------------------------------- KL reference
+  def reference_policy(self, cfg: PolicyConfig, policy: Any, ids: tuple[int, ...] | None
+                       ) -> Any:
+    """The part of trainable['policy'] the KL reference copies when only policies `ids` (None:
+    all) have rows in the reference pass: all of it, unless the layout can address a part."""
+    return policy
+
+  def reference_rows(self, cfg: PolicyConfig, batch: Any, ids: tuple[int, ...] | None) -> Any:
+    """`batch` as the reference pass runs it over `reference_policy(cfg, policy, ids)`."""
+    return batch
+
   # ---------------------------------------------------------------- batch layout
   def groups(self, cfg: PolicyConfig, batch: Any, fn: Callable[[TrainBatch], Any]) -> Any:
     """Applies `fn` to every TrainBatch of the layout (one, or one per name)."""
@@ -191,6 +202,20 @@ class Stacked(_PerPolicyBlocks):
     # place, with one policy's activations live at a time.
     return jax.lax.map(lambda pb: run(pb[0], unstacked, cfg.models[0], pb[1], None),
                        (policy, batch))
+
+  def reference_policy(self, cfg, policy, ids):
+    if ids is None or len(ids) == cfg.num_policies:
+      return policy
+    return jax.tree.map(lambda x: x[np.asarray(ids)], policy)  # [len(ids), ...]
+
+  def reference_rows(self, cfg, batch, ids):
+    if ids is None or len(ids) == cfg.num_policies:
+      return batch
+    held = tuple(range(cfg.num_policies)) if batch.policies is None else batch.policies
+    if not set(held) <= set(ids):
+      raise ValueError(f"the KL reference holds the blocks of policies {ids} "
+                       f"(reference_policies); the batch has blocks of policies {held}")
+    return batch.replace(policies=tuple(ids.index(p) for p in held))  # blocks of the reference
 
   def flatten(self, cfg, tree):
     return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), tree)

@@ -96,6 +96,11 @@ class TrainConfig:
     tis_cap: truncated importance-sampling weight min(exp(learner - sampler log-prob), tis_cap)
       on every token's policy loss, for the sampler/learner mismatch (verl, Tunix); needs
       `recompute_old_logp`. None: off.
+    reference_policies: the policies whose rows the KL reference pass sees (sorted ids; the
+      trainer: those acting for `config.train.agents`, whose rows alone the updates keep,
+      `parallel/minibatch.py`). A stacked team's reference copies only their blocks and refuses
+      a batch with another policy's block; the other layouts copy every policy (a mapped batch
+      keeps a block per model). None: every policy.
   """
   policy: policies.PolicyConfig
   advantage: AdvantageConfig
@@ -113,9 +118,17 @@ class TrainConfig:
   epochs: int = 1
   recompute_old_logp: bool = False
   tis_cap: float | None = None
+  reference_policies: tuple[int, ...] | None = None
 
   def __post_init__(self):
     A, Pn = self.space.num_agents, self.policy.num_policies
+    ref = self.reference_policies
+    if ref is not None and (not ref or list(ref) != sorted(set(ref))
+                            or not set(ref) <= set(range(Pn))):
+      raise ValueError(f"reference_policies={ref!r}; expected None or distinct sorted policy ids "
+                       f"in [0, {Pn})")
+    if ref is not None:
+      object.__setattr__(self, "reference_policies", tuple(ref))
     if self.agent_policies is None:
       if Pn not in (1, A):
         raise ValueError(f"{Pn} policies for {A} agents: set agent_policies (one policy id per "
@@ -187,7 +200,8 @@ class TrainFns(NamedTuple):
   # without a KL term. `reference`: `reference_params(...)` (None for LoRA).
   ref_logp: Callable[[Any, Any, Any], Any] | None = None
   # trainable -> the frozen KL reference: a copy of trainable['policy'] in new buffers (full
-  # models), None for LoRA (the base without adapters is the reference).
+  # models; a stacked team: `reference_policies`' blocks), None for LoRA (the base without
+  # adapters is the reference).
   reference_params: Callable[[Any], Any] | None = None
   # The pieces a batch's rows split into (data x fsdp devices x micro-batches): a block's rows
   # must be a multiple of it.
@@ -245,8 +259,8 @@ def fill_old_values(cfg: TrainConfig, params, frozen, specs, batch):
 def fill_ref_logp(cfg: TrainConfig, reference, frozen, specs, batch):
   """The batch with the frozen reference's log-probs of its response tokens (`ref_logp`, the KL
   term's input), inside shard_map. Like `fill_old_values`: one forward without gradients.
-  `reference`: {'policy': the reference copy}, shaped like the trainable params so `specs[0]`
-  (computed from it) fits it."""
+  `reference`: {'policy': the reference copy} (`_reference_copy`), `specs[0]` computed from it;
+  the batch's blocks name the reference's (`Layout.reference_rows`)."""
   logp = policies.reference_logprobs(cfg.policy, reference, frozen, specs, batch,
                                      temperature=cfg.temperature, logits_chunk=cfg.logits_chunk)
   return jax.tree.map(lambda b, lp: b.replace(ref_logp=jnp.where(b.samples.token_mask, lp, 0.0)),
@@ -301,14 +315,21 @@ def _checked(check: Callable[[Any], None], fn: Callable) -> Callable:
   return run
 
 
-def _reference_copy(adapters: bool) -> Callable[[Any], Any]:
+def _reference_copy(cfg: TrainConfig) -> Callable[[Any], Any]:
   """trainable -> the KL reference: None with adapters (LoRA: the base is the reference), else
-  trainable['policy'] in new buffers (a jitted copy; an identity would hand back the inputs),
-  sharded like the params."""
-  copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+  trainable['policy'] (a stacked team: `cfg.reference_policies`' blocks) in new buffers sharded
+  like the params (a jitted copy; an identity would hand back the inputs)."""
+  layout = layouts.of(cfg.policy)
+
+  def part(policy):
+    return jax.tree.map(jnp.copy, layout.reference_policy(cfg.policy, policy,
+                                                          cfg.reference_policies))
 
   def reference_params(trainable):
-    return None if adapters else copy(trainable["policy"])
+    if layout.adapters:
+      return None
+    policy = trainable["policy"]
+    return jax.jit(part, out_shardings=jax.tree.map(lambda x: x.sharding, policy))(policy)
 
   return reference_params
 
@@ -421,6 +442,12 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
                          lambda specs, batch: batch_specs(with_ref(batch))))
   kl = cfg.loss.kl_coef != 0.0
 
+  def reference_pass(reference, frozen, batch):
+    check(batch)
+    rows = layouts.of(pcfg).reference_rows(pcfg, batch, cfg.reference_policies)
+    out = ref_logp({"policy": reference}, frozen, rows)
+    return out if rows is batch else out.replace(policies=batch.policies)
+
   def shard_params(trainable, frozen):
     specs = policies.param_specs(pcfg, trainable, frozen, fsdp)
     return sharding.put(trainable, mesh, specs[0]), sharding.put(frozen, mesh, specs[1])
@@ -435,7 +462,6 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
       recompute=((lambda params, frozen, batch, targets: recompute(params, frozen,
                                                                     (batch, targets)))
                  if cfg.recompute_old_logp else None),
-      ref_logp=(_checked(check, lambda ref, frozen, batch: ref_logp({"policy": ref}, frozen, batch))
-                if kl else None),
-      reference_params=_reference_copy(layouts.of(pcfg).adapters) if kl else None,
+      ref_logp=reference_pass if kl else None,
+      reference_params=_reference_copy(cfg) if kl else None,
       shards=shards)

@@ -105,7 +105,14 @@ def train_config(c: ml_collections.ConfigDict, built: config_lib.Built,
       remat=c.train.remat, logits_chunk=c.train.logits_chunk, target_kl=c.train.target_kl,
       mini_batch_size=c.train.mini_batch_size, epochs=c.train.epochs,
       recompute_old_logp=c.train.recompute_old_logp, tis_cap=c.train.tis_cap,
-      agent_grad_norms=c.train.agent_grad_norms)
+      agent_grad_norms=c.train.agent_grad_norms, reference_policies=trained_policies(c, built))
+
+
+def trained_policies(c: ml_collections.ConfigDict, built: config_lib.Built) -> tuple[int, ...]:
+  """The ids of the policies that act for an agent RL trains (`config.train.agents`): the
+  others get a frozen optimizer (`policy_config`), and their rows no update computes."""
+  spec, trained = built.spec, config_lib.trained_agents(c, built.spec)
+  return tuple(sorted({spec.policy_id(a) for a in trained}))
 
 
 def team_names(c: ml_collections.ConfigDict, spec: WorkflowSpec
@@ -127,10 +134,9 @@ def policy_config(c: ml_collections.ConfigDict, built: config_lib.Built,
   for none of the agents RL trains (`config.train.agents`) gets a frozen optimizer: its
   gradient is zero anyway, and so it also skips AdamW's decoupled weight decay and holds no
   moments; the warm-start (`sft.train_config`) still trains every policy."""
-  spec, trained = built.spec, config_lib.trained_agents(c, built.spec)
+  spec, trained = built.spec, trained_policies(c, built)
   frozen = dataclasses.replace(built.optim, frozen=True)
-  optim = tuple(built.optim if any(spec.policy_id(a) == p for a in trained) else frozen
-                for p in range(spec.num_policies))
+  optim = tuple(built.optim if p in trained else frozen for p in range(spec.num_policies))
   return policies.PolicyConfig(
       kind=c.policy.kind, models=tuple(models), num_policies=spec.num_policies,
       names=team_names(c, spec)[1], lora=built.lora, optim=optim,
@@ -370,7 +376,8 @@ class Run:
 
   def _set_reference(self, trainable: Any) -> None:
     """The KL reference (`loss.kl_coef` > 0): the policy RL starts from, in its own buffers,
-    never updated. Full models: a copy of `trainable`'s policy params, so after a warm-start
+    never updated. Full models: a copy of `trainable`'s policy params (a stacked team that RL
+    trains in part: the trained policies' blocks, `trained_policies`), so after a warm-start
     the KL keeps RL near the warm-started policy, not the pretrained one (which never saw the
     reply format). LoRA: the base without adapters (RL from trained adapters is refused)."""
     if self.fns.reference_params is None or not self.trains:

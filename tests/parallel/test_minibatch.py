@@ -7,6 +7,8 @@ NumPy, log-probs from a full-sequence `decoder.forward` (log_softmax(logits / T)
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -445,3 +447,58 @@ def test_updates_leave_out_the_rows_of_agents_rl_does_not_train(kind, recompute)
     np.testing.assert_allclose(x, y, rtol=1e-4, atol=ulp)
     moved += int(np.abs(y).max() > 0)
   assert moved
+
+
+def test_a_stacked_reference_copies_the_blocks_of_its_reference_policies_alone():
+  """reference_policies=(1, 2) of a stacked triple whose blocks all differ: the KL reference
+  copies blocks 1 and 2 alone (bit for bit, sharded like the params over fsdp = 2); the
+  reference pass of a batch of those two blocks gives each its own policy's log-probs (NumPy
+  over that block's forward: a block read from the other policy fails), or of policy 2's block
+  alone; a reference of policy 2's block alone refuses the batch of both."""
+  policy = policies.PolicyConfig(kind="stacked", models=(MODEL,), num_policies=3,
+                                 optim=(OptimConfig(lr=1e-3, eps=1e-2),))
+  cfg = TrainConfig(policy=policy, advantage=AdvantageConfig("grpo"),
+                    loss=LossConfig(kl_coef=0.1), space=SPACE, agent_policies=(1, 2),
+                    reference_policies=(1, 2))
+  fns = make_train_step(cfg, make_mesh(1, 2, 1, devices=jax.devices()[:2]),
+                        compiler_options=FAST_COMPILE)
+  init_one = jax.jit(decoder.init_params, static_argnums=0)
+  blocks = [init_one(MODEL, jax.random.key(p)) for p in range(3)]
+  trainable = {"policy": jax.tree.map(lambda *x: np.stack(x), *blocks)}
+  trainable, frozen = fns.shard_params(trainable, {})
+  reference = fns.reference_params(trainable)
+  for ref, full in zip(jax.tree.leaves(reference), jax.tree.leaves(trainable["policy"])):
+    assert ref.sharding == full.sharding
+    np.testing.assert_array_equal(np.asarray(ref), np.asarray(full)[1:])
+
+  flat = make_batch_at(blocks[1], policy_of_agent=(1, 2))
+  agent = np.asarray(flat.samples.agent_id)
+  parts = [jax.tree.map(lambda x, a=a: np.asarray(x)[agent == a], flat) for a in range(A)]
+  pair = jax.tree.map(lambda *x: np.stack(x), *parts).replace(policies=(1, 2))
+  out = host(fns.ref_logp(reference, frozen, fns.shard_batch(pair)))
+  assert out.policies == (1, 2)
+  for j, p in enumerate((1, 2)):
+    mask = parts[j].samples.token_mask
+    np.testing.assert_allclose(out.ref_logp[j][mask], ref_logp(blocks[p], parts[j])[mask],
+                               atol=2e-5)
+  assert not np.allclose(ref_logp(blocks[1], parts[1])[mask], ref_logp(blocks[2], parts[1])[mask],
+                         atol=1e-3)  # the blocks differ where it is checked
+  one = jax.tree.map(lambda x: x[1:], pair).replace(policies=(2,))
+  out = host(fns.ref_logp(reference, frozen, fns.shard_batch(one)))
+  np.testing.assert_allclose(out.ref_logp[0][mask], ref_logp(blocks[2], parts[1])[mask],
+                             atol=2e-5)
+  second = make_train_step(dataclasses.replace(cfg, reference_policies=(2,)),
+                           make_mesh(1, 2, 1, devices=jax.devices()[:2]),
+                           compiler_options=FAST_COMPILE)
+  with pytest.raises(ValueError, match=r"the KL reference holds the blocks of policies \(2,\) "
+                     r"\(reference_policies\); the batch has blocks of policies \(1, 2\)$"):
+    second.ref_logp(second.reference_params(trainable), frozen, fns.shard_batch(pair))
+
+
+@pytest.mark.parametrize("ids", [(), (2, 1), (1, 1), (3,)])
+def test_reference_policies_refusals(ids):
+  policy = policies.PolicyConfig(kind="stacked", models=(MODEL,), num_policies=3)
+  with pytest.raises(ValueError, match=r"reference_policies=.*; expected None or distinct sorted "
+                     r"policy ids in \[0, 3\)"):
+    TrainConfig(policy=policy, advantage=AdvantageConfig("grpo"), loss=LossConfig(),
+                space=SPACE, agent_policies=(1, 2), reference_policies=ids)

@@ -191,13 +191,17 @@ def test_evaluation_holds_no_reference(model_dir, tmp_path, monkeypatch):
 
 
 def test_partial_team_reference_pass_runs_on_trained_rows(model_dir, tmp_path):
-  """train.agents='second' of a stacked pair: the reference pass sees the second policy's
-  block alone (the first agent's rows are in no loss term, so the trainer no longer computes
-  their reference log-probs), its log-probs are the initial model's (transformers), and the
-  logged KL is the NumPy mean over the second agent's tokens."""
+  """train.agents='second' of a stacked pair: the reference copies the second policy's block
+  alone and the reference pass sees that block alone (the first agent's rows are in no loss
+  term, so the trainer no longer computes their reference log-probs), its log-probs are the
+  initial model's (transformers), and the logged KL is the NumPy mean over the second agent's
+  tokens."""
   c = _config(model_dir, "stacked", "k3")
   c.train.agents = "second"
   run = trainer.Run(c, str(tmp_path))
+  policy = jax.device_get(run.state.params["policy"])
+  for ref, full in zip(jax.tree.leaves(jax.device_get(run.reference)), jax.tree.leaves(policy)):
+    np.testing.assert_array_equal(ref, full[1:])  # [1, ...]: the second block, bit for bit
   passes, steps = [], []
   ref_fn, step_fn = run.fns.ref_logp, run.fns.step
 
