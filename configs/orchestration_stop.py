@@ -17,11 +17,17 @@ when the verifier approves is the fixed Dr. MAS loop.
 answer) or `program` (the `learned_stop_checked` workflow: a checker's program, run in the
 sandbox, reviews it, and the warm-start demonstrates no stop rule; fixed exits for its baselines:
 `--config.env.workflow=stop_by_check` or `stop_at_cap_checked`). With `program` the groups are
-state-matched: (problem, round, agent, whether the answer matched the check), so a decision
-competes only with decisions taken after the same review, and the estimator is `at_grpo` (a
-singleton group, common once groups split by state, has nothing to compare with and gets 0,
-where `drmas` would hand it its raw reward). RESULTS.md's first two program-checked seeds ran
-before this: `--config.algo.estimator=drmas --config.algo.group_by=problem_turn_agent`.
+state-matched and pooled over the step's problems: (round, agent, whether the answer matched the
+check), so a decision competes only with decisions taken after the same review, a baseline per
+state; the estimator is `at_grpo` (a singleton group has nothing to compare with and gets 0,
+where `drmas` would hand it its raw reward), and a KL of 1.0 to the policy RL starts from (the
+warm-start) keeps the coordinator from collapsing to one decision (`loss.kl_coef`; LoRA teams
+have none: RL from trained adapters refuses it). With this, the coordinator learned to stop
+after most matches and after no mismatch on 3 of 3 seeds in 32 steps (RESULTS.md, "Pooled
+state groups with a KL anchor"). RESULTS.md's earlier program-checked runs:
+`--config.algo.group_by=problem_turn_agent_state --config.loss.kl_coef=0` (per-problem state
+groups, no KL; one seed of three learned the rule), before that
+`--config.algo.estimator=drmas --config.algo.group_by=problem_turn_agent`.
 `cpu`: the embedded SmolLM2-135M at the shared CPU preset's sizes (2 problems x 2 trajectories,
 48-token replies, 2 steps). Options RESULTS.md's probes use: one-operation problems
 (`--config.env.kwargs.level=one_step`, where a second round sometimes fixes a wrong answer) and RL
@@ -29,11 +35,7 @@ on the coordinator alone (`--config.train.agents=coordinator`). With `program`,
 `--config.algo.balance_states=True` weighs the decisions after a match and after a mismatch
 equally (`AdvantageConfig.balance_states`), and `--config.algo.normalize_states=True` with
 `--config.algo.normalize_std=False` gives each state's mean-centred advantages unit scale; on
-seed 1 neither prevented the collapse to stopping at once (RESULTS.md).
-`--config.algo.group_by=turn_agent_state` pools the state groups over the step's problems (a
-per-state baseline; alone it swung seed 1 between the extremes), and with
-`--config.loss.kl_coef=1.0` (a KL to the warm-start) seeds 0 and 1 learned to stop after most
-matches and after no mismatch in 32 steps instead (RESULTS.md; seed 2 not run yet).
+seed 1 neither prevented the collapse to stopping at once with per-problem groups and no KL.
 """
 
 from __future__ import annotations
@@ -52,8 +54,10 @@ def get_config(preset: str | None = None):
   c.env.workflow = "learned_stop_checked" if checked else "learned_stop"
   c.algo.group_by = "problem_turn_agent"
   if checked:
-    c.algo.estimator, c.algo.group_by = "at_grpo", "problem_turn_agent_state"
+    c.algo.estimator, c.algo.group_by = "at_grpo", "turn_agent_state"
   common.apply_models(c, choice["models"])
+  if checked and choice["models"] != "lora":
+    c.loss.kl_coef = 1.0
   common.data_fields(c, **common.MATH_DATA)
   c.env.kwargs.round_cost = 0.1
   c.env.kwargs.premature_penalty = 0.0

@@ -223,9 +223,9 @@ def test_decisions_get_nonzero_correctly_grouped_advantages(workflow, preset):
   advantage is the preset's estimator over its group of coordinator decisions, with the reward
   derived here: solved (last solver answer is from round >= 2) - cost x rounds. The verifier
   loop: drmas over (problem, round), a singleton keeping its reward; the program-checked loop:
-  at_grpo over (problem, round, whether the answer matched the check), a singleton getting 0
-  (configs/orchestration_stop.py). The checker prints the true answer, so the answer matches
-  exactly from round 2 on."""
+  at_grpo over (round, whether the answer matched the check), pooled over the problems, a
+  singleton getting 0 (configs/orchestration_stop.py). The checker prints the true answer, so
+  the answer matches exactly from round 2 on."""
   cost, k = 0.1, 4
   rng = random.Random(0)
   c = orchestration_stop.get_config(preset)
@@ -245,7 +245,7 @@ def test_decisions_get_nonzero_correctly_grouped_advantages(workflow, preset):
 
   cfg = config_lib.build(c).advantage
   checked = workflow == "learned_stop_checked"
-  assert (cfg.estimator, cfg.group_by) == (("at_grpo", "problem_turn_agent_state") if checked
+  assert (cfg.estimator, cfg.group_by) == (("at_grpo", "turn_agent_state") if checked
                                            else ("drmas", "problem_turn_agent"))
   spec = registry.workflow_spec("math", workflow, max_turns=CAP)
   batch = batch_lib.make_batch(
@@ -259,8 +259,8 @@ def test_decisions_get_nonzero_correctly_grouped_advantages(workflow, preset):
   groups = defaultdict(list)
   for i, s in enumerate(samples):
     if s.agent == "coordinator":
-      groups[(s.problem_id, s.turn, checked and s.turn >= 1)].append(i)
-  assert {turn for _, turn, _ in groups} == {0, 1}  # no decision in the capped last round
+      groups[(s.turn, s.turn >= 1) if checked else (s.turn, s.problem_id)].append(i)
+  assert {key[0] for key in groups} == {0, 1}  # no decision in the capped last round
   nonzero = 0
   for members in groups.values():
     r = want_r[members]
@@ -328,6 +328,7 @@ def test_state_matched_groups_compare_decisions_after_the_same_review():
 
   c = orchestration_stop.get_config("program,cpu")
   c.rollout.k, c.rollout.problems_per_step = k, n
+  c.algo.group_by = "problem_turn_agent_state"  # the preset pools them over problems
   built = config_lib.build(c)
   shape = trainer.batch_shape(c, built.spec, shards=1)
   assert shape.space.num_states == 2
