@@ -55,9 +55,8 @@ def get_config(preset: str | None = None):
   c.algo.group_by = "problem_turn_agent"
   if checked:
     c.algo.estimator, c.algo.group_by = "at_grpo", "turn_agent_state"
+    c.loss.kl_coef = 0.0 if choice["models"] == "lora" else 1.0
   common.apply_models(c, choice["models"])
-  if checked and choice["models"] != "lora":
-    c.loss.kl_coef = 1.0
   common.data_fields(c, **common.MATH_DATA)
   c.env.kwargs.round_cost = 0.1
   c.env.kwargs.premature_penalty = 0.0
