@@ -52,6 +52,7 @@ def main(argv):
   import transformers
 
   transformers.logging.set_verbosity_error()
+  from marl_jax.models import precision
   from marl_jax.models.loading import load_model
   from marl_jax.sampling.params import SamplingParams
   from marl_jax.sampling.sampler import Sampler
@@ -60,7 +61,8 @@ def main(argv):
     sampling = SamplingParams(max_new_tokens=_MAX_NEW_TOKENS.value,
                               temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
                               top_k=_TOP_K.value)
-    model = load_model(_MODEL.value)
+    dtype = precision.compute_dtype("auto")  # nothing trains: weights stored as they compute
+    model = load_model(_MODEL.value, param_dtype=dtype, compute_dtype=dtype)
     prompt = model.tokenizer.apply_chat_template([{"role": "user", "content": _PROMPT.value}])
     start = time.perf_counter()
     completion = Sampler(model.config, model.tokenizer).generate(

@@ -64,7 +64,7 @@ from ml_collections import config_flags
 from experiments import cli
 from marl_jax.algos.batch import BatchShape
 from marl_jax.errors import UserInputError
-from marl_jax.models import decoder, hf
+from marl_jax.models import decoder, hf, precision
 from marl_jax.models.config import PRESETS, ModelConfig
 from marl_jax.parallel import layouts, policies, sharding
 from marl_jax.parallel import mesh as mesh_lib
@@ -179,8 +179,9 @@ def _is_jaxpr(x: Any) -> bool:
 # ------------------------------------------------------------------------------ programs
 
 
-def model_config(name: str, dtype: str) -> ModelConfig:
-  """The architecture of model `name` (a preset or an HF checkpoint directory) in `dtype`."""
+def model_config(name: str, param_dtype: str, compute_dtype: str) -> ModelConfig:
+  """The architecture of model `name` (a preset or an HF checkpoint directory), its params
+  stored in `param_dtype` and computing in `compute_dtype`."""
   if name in PRESETS:
     config = PRESETS.get(name)
   elif os.path.isfile(os.path.join(name, "config.json")):
@@ -189,12 +190,18 @@ def model_config(name: str, dtype: str) -> ModelConfig:
   else:
     raise UserInputError(f"model {name!r}: plan needs an architecture preset {sorted(PRESETS)} "
                          "or an HF checkpoint directory with a config.json")
-  return config.replace(param_dtype=dtype, compute_dtype=dtype)
+  return config.replace(param_dtype=param_dtype, compute_dtype=compute_dtype)
+
+
+def compute_dtype(c: ml_collections.ConfigDict) -> str:
+  """The config's compute dtype on the planned accelerator ("auto": bf16)."""
+  return precision.compute_dtype(c.compute_dtype, backend="accelerator")
 
 
 def policy_config(c: ml_collections.ConfigDict, built: config_lib.Built) -> policies.PolicyConfig:
-  """The team's PolicyConfig as `trainer.load_team` builds it, from architectures only."""
-  return trainer.policy_config(c, built, [model_config(n, c.dtype)
+  """The team's PolicyConfig as `trainer.load_team` builds it on the planned accelerator, from
+  architectures only."""
+  return trainer.policy_config(c, built, [model_config(n, c.param_dtype, compute_dtype(c))
                                           for n in trainer.team_names(c, built.spec)[0]])
 
 
@@ -285,19 +292,33 @@ def analyse(fn: Any, *args: Any, donate: tuple[int, ...] = ()) -> dict[str, Any]
   m = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  peak = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-          + m.temp_size_in_bytes + m.generated_code_size_in_bytes)
   return dict(argument_bytes=int(m.argument_size_in_bytes),
               output_bytes=int(m.output_size_in_bytes), alias_bytes=int(m.alias_size_in_bytes),
               temp_bytes=int(m.temp_size_in_bytes),
-              code_bytes=int(m.generated_code_size_in_bytes), peak_bytes=int(peak),
+              code_bytes=int(m.generated_code_size_in_bytes), peak_bytes=peak_bytes(m),
               flops=int(flops), xla_flops=float(cost.get("flops", 0.0)))
+
+
+def peak_bytes(m: Any) -> int:
+  """A compiled program's peak per device from XLA's memory analysis: arguments + outputs -
+  aliased (donated) + temporaries + code."""
+  return int(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+             + m.temp_size_in_bytes + m.generated_code_size_in_bytes)
 
 
 def device_bytes(tree: Any) -> int:
   """Bytes one device holds of an abstract (or concrete) sharded tree."""
   return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * np.dtype(x.dtype).itemsize
              for x in jax.tree.leaves(tree))
+
+
+def copy_bytes(tree: Any, dtype: str, *, head: bool, cast_only: bool = False) -> int:
+  """Bytes one device holds of `precision.compute_copy(tree, dtype, head=head)` for an abstract
+  sharded tree: every leaf, or with `cast_only` only the leaves it casts (new buffers)."""
+  copy = jax.eval_shape(functools.partial(precision.compute_copy, dtype=dtype, head=head), tree)
+  return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * np.dtype(y.dtype).itemsize
+             for x, y in zip(jax.tree.leaves(tree), jax.tree.leaves(copy))
+             if not cast_only or x.dtype != y.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,11 +389,15 @@ def plan(c: ml_collections.ConfigDict, mesh_sizes: tuple[int, int, int], target:
   state = abstract_state(fns, trainable, mesh)
   train = analyse(fns.update, state, frozen, batch, donate=(0,))
   train["flops"] *= updates * c.train.epochs  # every update of every PPO epoch
-  reference = 0  # a KL reference of full models: a frozen copy of the policy params
+  reference = 0  # a KL reference of full models: a frozen compute copy of the policy params
   if c.loss.kl_coef != 0.0 and not layouts.of(policy).adapters:
-    reference = device_bytes(state.params["policy"])
+    reference = copy_bytes(state.params["policy"], policy.compute_dtype, head=False)
   train["peak_bytes"] += reference
-  resident = device_bytes(state) + device_bytes(frozen) + reference
+  # During a rollout the sampler reads a compute copy of the trainable params and of the frozen
+  # base's head (`policies.sampler_copy`), beside the whole train state.
+  sampler_copy = sum(copy_bytes(t, policy.compute_dtype, head=True, cast_only=True)
+                     for t in (state.params, frozen))
+  resident = device_bytes(state) + device_bytes(frozen) + reference + sampler_copy
   programs = {"train_step": train}
   programs.update(sampler_programs(c, policy.models[0], mesh, s.built.spec.max_turns,
                                    prompt_tokens, resident))
@@ -380,7 +405,8 @@ def plan(c: ml_collections.ConfigDict, mesh_sizes: tuple[int, int, int], target:
     p["seconds"] = p["flops"] / (target.mfu * target.peak_flops)
   needed = max(p["peak_bytes"] for p in programs.values())
   return dict(
-      config=c.name, model=c.model, dtype=c.dtype, policy=c.policy.kind,
+      config=c.name, model=c.model, param_dtype=c.param_dtype, compute_dtype=compute_dtype(c),
+      policy=c.policy.kind,
       mesh=dict(mesh.shape), devices=jax.device_count(), device=target.name,
       device_bytes=target.memory_bytes, mfu=target.mfu, peak_tflops=target.peak_flops / 1e12,
       train_batch=dict(samples=len(samples), response=list(batch_leaf(batch, "response").shape),
@@ -420,9 +446,11 @@ def sampler_programs(c: ml_collections.ConfigDict, config: ModelConfig, mesh: ja
   (`resident` bytes) instead of their param arguments."""
   unique, per_prompt, width, slots = sampler_call(c, turns, prompt_tokens)
   rows = unique * per_prompt
-  params = jax.eval_shape(lambda key: decoder.init_params(config, key), jax.random.key(0))
+  params = jax.eval_shape(  # the sampler's compute copy (`policies.sampler_copy`)
+      lambda key: precision.compute_copy(decoder.init_params(config, key), config.compute_dtype,
+                                         head=True), jax.random.key(0))
   params = _abstract(params, mesh, sharding.model_specs(params, mesh.shape[mesh_lib.FSDP]))
-  param_bytes = device_bytes(params)
+  param_bytes = device_bytes(params)  # counted in `resident` (as the params or their copy)
   ints = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
   prompt, mask = ints(unique, width), jax.ShapeDtypeStruct((unique, width), jnp.bool_)
 
@@ -470,7 +498,8 @@ def no_fit_line(report: dict[str, Any]) -> str:
 
 def table(report: dict[str, Any]) -> str:
   """A short human summary of the report."""
-  lines = [f"{report['config']} ({report['model']}, {report['dtype']}, {report['policy']}) on "
+  lines = [f"{report['config']} ({report['model']}, {report['param_dtype']} params, "
+           f"{report['compute_dtype']} compute, {report['policy']}) on "
            f"{report['devices']} x {report['device']} mesh {report['mesh']}",
            f"{'program':<11} {'peak GiB':>9} {'temp GiB':>9} {'TFLOP':>10} {'s@mfu':>8}"]
   for name, p in report["programs"].items():

@@ -33,6 +33,7 @@ from typing import Any
 from marl_jax.registry import Registry
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
+ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "eager")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +59,13 @@ class ModelConfig:
   rope_low_freq_factor: float = 1.0
   rope_high_freq_factor: float = 4.0
   rope_original_max_position: int = 8192
-  param_dtype: str = "float32"
-  compute_dtype: str = "float32"
+  param_dtype: str = "float32"  # storage (`models/precision.py`)
+  compute_dtype: str = "float32"  # matmuls and attention (`models/precision.py`)
+  # Attention in full-sequence forwards (training, prefill): "sdpa" = jax.nn.dot_product_attention
+  # (cuDNN flash attention on GPU in 16-bit compute, its XLA path elsewhere), "eager" = the
+  # grouped-query einsums of `decoder._attention`; "auto" = sdpa in 16-bit compute, eager in fp32.
+  # Decoding always reads its cache with the eager einsums (only the filled slots).
+  attn_implementation: str = "auto"
 
   def __post_init__(self):
     if self.architecture not in ARCHITECTURES:
@@ -72,9 +78,19 @@ class ModelConfig:
     for name in ("param_dtype", "compute_dtype"):
       if getattr(self, name) not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"{name}={getattr(self, name)!r}; expected float32, bfloat16 or float16")
+    if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
+      raise ValueError(f"attn_implementation={self.attn_implementation!r}; expected one of "
+                       f"{ATTN_IMPLEMENTATIONS}")
 
   def replace(self, **changes: Any) -> "ModelConfig":
     return dataclasses.replace(self, **changes)
+
+  @property
+  def uses_sdpa(self) -> bool:
+    """Whether full-sequence forwards attend with `jax.nn.dot_product_attention`."""
+    if self.attn_implementation == "auto":
+      return self.compute_dtype != "float32"
+    return self.attn_implementation == "sdpa"
 
 
 def _llama(**kw) -> ModelConfig:

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import flax.struct
 import jax
 import jax.numpy as jnp
+from absl import logging
 
 from marl_jax.models.config import ModelConfig
 
@@ -194,10 +195,38 @@ def _attention(q, k, v, mask, past=()):
   return out.reshape(B, Hkv, G, T, Dh).transpose(0, 3, 1, 2, 4).reshape(B, T, Hq * Dh)
 
 
-def _layer(config: ModelConfig, x, p, lora, adapters, positions, inv_freq, past, mask):
+def _sdpa(q, k, v, mask, past=()):
+  """`_attention` through `jax.nn.dot_product_attention` (cuDNN flash attention on GPU in 16-bit
+  compute, its XLA path elsewhere); every part of `past` must be per row (Bp = B: the learner's
+  shared prompts gather their rows' keys/values, `hidden_states(prefix_rows=...)`).
+
+  The parts and this call's keys are one key axis [S + T] under one mask, so the softmax is the
+  same as `_attention`'s. A query that sees no key (a left-padding position) is let see itself:
+  a fully masked row has no defined softmax (flash kernels may return NaN for it), and a padding
+  position's output is read by no real position."""
+  B, T, Hq, Dh = q.shape
+  keys = jnp.concatenate([pk for pk, _, _ in past] + [k], axis=2).swapaxes(1, 2)  # [B, S+T, Hkv, Dh]
+  values = jnp.concatenate([pv for _, pv, _ in past] + [v], axis=2).swapaxes(1, 2)
+  own = mask | jnp.eye(T, dtype=bool)[None]
+  visible = jnp.concatenate([jnp.broadcast_to(pm[:, None, :], (B, T, pm.shape[1]))
+                             for _, _, pm in past] + [own], axis=-1)  # [B, T, S + T]
+  cudnn = jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
+  attend = lambda impl: jax.nn.dot_product_attention(q, keys, values, mask=visible[:, None],
+                                                     implementation=impl)
+  if cudnn:
+    try:  # cuDNN refuses some shapes and versions at trace time; XLA's path takes any
+      return attend("cudnn").reshape(B, T, Hq * Dh)
+    except (ValueError, NotImplementedError, RuntimeError) as e:
+      logging.warning("cuDNN attention unavailable (%s); using XLA's", str(e).splitlines()[0])
+  return attend("xla").reshape(B, T, Hq * Dh)
+
+
+def _layer(config: ModelConfig, x, p, lora, adapters, positions, inv_freq, past, mask, decoding):
   """One pre-norm decoder layer; returns x and this call's (k, v) [B, Hkv, T, Dh].
 
-  past: cached parts to attend to, as `_attention` takes them."""
+  past: cached parts to attend to, as `_attention` takes them. decoding: `past` ends with a
+  per-row cache, which only the eager einsums read slot-block by slot-block (`sampling/decode`);
+  else the config's attention implementation runs (`ModelConfig.uses_sdpa`)."""
   c = config
   B, T, _ = x.shape
   sub = lambda group, name: None if lora is None else lora.get(group, {}).get(name)
@@ -215,7 +244,9 @@ def _layer(config: ModelConfig, x, p, lora, adapters, positions, inv_freq, past,
   q = apply_rope(q, positions, inv_freq)
   k = apply_rope(k, positions, inv_freq).swapaxes(1, 2)  # [B, Hkv, T, Dh]
   v = v.swapaxes(1, 2)
-  attn = _attention(q, k, v, mask, past)
+  per_row = all(pk.shape[0] == B for pk, _, _ in past)
+  sdpa = c.uses_sdpa and per_row and not decoding
+  attn = (_sdpa if sdpa else _attention)(q, k, v, mask, past)
   x = x + _project(attn, attn_p["o_proj"], sub("self_attn", "o_proj"), adapters)
   mlp_p = p["mlp"]
   h = rms_norm(x, p["post_attention_layernorm"]["scale"], c.rms_norm_eps)
@@ -240,7 +271,7 @@ def hidden_states(
     layer_hook: LayerHook | None = None,
     remat: bool = False,
 ) -> tuple[jax.Array, KVCache | None]:
-  """Final-norm hidden states [B, T, D] (and the extended cache when one is given).
+  """Final-norm hidden states [B, T, D], fp32 (and the extended cache when one is given).
 
   prefix: a filled cache of U prompts that the rows continue, read-only, row b reading prompt
   b // (B / U) (the G samples of a prompt in consecutive rows read its keys/values once; `cache`
@@ -279,7 +310,8 @@ def hidden_states(
     past = () if prefix_in is None else ((*prefix_in, prefix_mask),)
     if kv_in is not None:
       past += ((*kv_in, cache.mask),)  # slots >= index are all False
-    x, kv_new = _layer(c, x, layer_p, layer_lora, adapters, positions, inv_freq, past, mask)
+    x, kv_new = _layer(c, x, layer_p, layer_lora, adapters, positions, inv_freq, past, mask,
+                       kv_in is not None)
     return x, (kv_new if kv_in is not None or fill_cache else None)  # training keeps no k/v
 
   if remat:
@@ -287,7 +319,7 @@ def hidden_states(
   kv_in = None if cache is None else (cache.k, cache.v)
   prefix_in = None if prefix is None else (prefix.k, prefix.v)
   x, kv_out = jax.lax.scan(body, x, (params["layers"], lora_layers, kv_in, prefix_in))
-  x = rms_norm(x, params["norm"]["scale"], c.rms_norm_eps)
+  x = rms_norm(x.astype(jnp.float32), params["norm"]["scale"], c.rms_norm_eps)  # fp32 out
   if fill_cache:  # [L, B, Hkv, T, Dh]
     return x, KVCache(k=kv_out[0], v=kv_out[1], mask=attn_mask, index=jnp.asarray(T, jnp.int32))
   if cache is not None:  # this call's [L, B, Hkv, T, Dh] into slots index .. index + T - 1
@@ -299,12 +331,17 @@ def hidden_states(
 
 
 def lm_logits(params: Params, hidden: jax.Array, config: ModelConfig) -> jax.Array:
-  """Vocabulary logits in fp32: hidden [..., D] -> [..., V]."""
+  """Vocabulary logits in fp32: hidden [..., D] -> [..., V].
+
+  The product runs in the precision the head's weights are stored in, accumulating in fp32:
+  fp32 for the learner's master weights (its log-probs and losses), bf16 for the sampler's
+  compute copy (`models/precision.py`), where a per-step fp32 cast of the [D, V] head would cost
+  more than the decode step it serves."""
   if config.tie_word_embeddings:
     kernel = params["embed_tokens"]["embedding"].T
   else:
     kernel = params["lm_head"]["kernel"]
-  return (hidden @ kernel.astype(hidden.dtype)).astype(jnp.float32)
+  return jnp.dot(hidden.astype(kernel.dtype), kernel, preferred_element_type=jnp.float32)
 
 
 def forward(params: Params, tokens: jax.Array, positions: jax.Array, config: ModelConfig,

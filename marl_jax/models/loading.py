@@ -47,12 +47,20 @@ def embedded_gguf_path() -> str:
   return path
 
 
-def load_model(name_or_path: str, dtype: str = "float32") -> LoadedModel:
-  """Loads the embedded default model, a GGUF file or an HF checkpoint directory.
+def load_model(name_or_path: str, param_dtype: str = "float32",
+               compute_dtype: str = "float32") -> LoadedModel:
+  """Loads the embedded default model, a GGUF file or an HF checkpoint directory, its weights
+  stored in `param_dtype` and its forward computing in `compute_dtype` (`models/precision.py`).
 
   Raises WeightsError (a ValueError) with one message naming the problem for an unknown preset,
   a missing path, a corrupt file, an unknown architecture, a missing tensor or a shape mismatch.
   """
+  loaded = _load(name_or_path, param_dtype)
+  return dataclasses.replace(loaded, config=loaded.config.replace(compute_dtype=compute_dtype))
+
+
+def _load(name_or_path: str, dtype: str) -> LoadedModel:
+  """`load_model` with params and compute in `dtype`."""
   if name_or_path == EMBEDDED_MODEL:
     return _load_gguf_model(embedded_gguf_path(), dtype)
   if os.path.isdir(name_or_path):

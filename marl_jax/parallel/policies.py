@@ -19,6 +19,7 @@ from marl_jax.algos import logprobs
 from marl_jax.algos import optim as optim_lib
 from marl_jax.models import decoder
 from marl_jax.models import lora as lora_lib
+from marl_jax.models import precision
 from marl_jax.models.config import ModelConfig
 from marl_jax.parallel import layouts, sharding
 from marl_jax.parallel.layouts import of
@@ -74,6 +75,14 @@ class PolicyConfig:
                        f"{self.kind!r}")
     if len(self.optim) not in (1, P):
       raise ValueError(f"optim has {len(self.optim)} configs; expected 1 or num_policies={P}")
+    if len({m.compute_dtype for m in self.models}) > 1:
+      raise ValueError(f"models compute in {[m.compute_dtype for m in self.models]}; expected "
+                       "one compute dtype for the team")
+
+  @property
+  def compute_dtype(self) -> str:
+    """The dtype every model of the team computes in (`models/precision.py`)."""
+    return self.models[0].compute_dtype
 
   @property
   def sample_axis(self) -> int:
@@ -98,11 +107,20 @@ def init_params(cfg: PolicyConfig, key: jax.Array, base: Params | dict[str, Para
     raise ValueError(f"{cfg.kind} base params have keys {sorted(base)}; expected "
                      f"{sorted(cfg.names)}")
   policy, frozen = layout.init_policy(cfg, k_lora, base)
+  # Frozen weights are only ever read in compute precision: store them so (a LoRA base in bf16).
+  frozen = precision.compute_copy(frozen, cfg.compute_dtype, head=False)
   trainable = {"policy": policy}
   if cfg.critic is not None:
     trainable["critic"] = critic_lib.init_value_head(k_critic, cfg.models[0].hidden_size,
                                                      cfg.critic)
   return trainable, frozen
+
+
+def sampler_copy(cfg: PolicyConfig, params: Params) -> Params:
+  """The weights the sampler reads, made once per rollout: every kernel, the embedding and the
+  LM head in the team's compute dtype (`models/precision.py`); the params themselves when that
+  is their storage dtype (fp32 on CPU)."""
+  return precision.compute_copy(params, cfg.compute_dtype, head=True)
 
 
 def make_optimizers(cfg: PolicyConfig) -> dict[str, optax.GradientTransformation]:

@@ -47,6 +47,7 @@ from marl_jax.algos import critic as critic_lib
 from marl_jax.algos import losses, optim
 from marl_jax.algos.advantage_config import AdvantageConfig
 from marl_jax.algos.batch import GroupSpace, TrainBatch
+from marl_jax.models import precision
 from marl_jax.parallel import gradients, layouts, policies, sharding
 from marl_jax.parallel.mesh import BATCH_AXES, DATA, FSDP, batch_shards
 
@@ -322,8 +323,11 @@ def _reference_copy(cfg: TrainConfig) -> Callable[[Any], Any]:
   layout = layouts.of(cfg.policy)
 
   def part(policy):
-    return jax.tree.map(jnp.copy, layout.reference_policy(cfg.policy, policy,
-                                                          cfg.reference_policies))
+    # Stored as a compute copy (`models/precision.py`): the same values the learner computes
+    # with, in half the bytes under bf16 compute; jnp.copy makes new buffers when no cast does.
+    reference = layout.reference_policy(cfg.policy, policy, cfg.reference_policies)
+    return jax.tree.map(jnp.copy, precision.compute_copy(reference, cfg.policy.compute_dtype,
+                                                          head=False))
 
   def reference_params(trainable):
     if layout.adapters:

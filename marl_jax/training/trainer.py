@@ -49,7 +49,7 @@ from absl import logging
 
 from marl_jax.algos.batch import BatchShape
 from marl_jax.errors import UserInputError
-from marl_jax.models import loading
+from marl_jax.models import loading, precision
 from marl_jax.models.config import ModelConfig
 from marl_jax.models.tokenizer import Tokenizer
 from marl_jax.parallel import distributed, layouts, minibatch, multihost, policies
@@ -157,7 +157,8 @@ def load_team(c: ml_collections.ConfigDict, built: config_lib.Built
     if name in loaded:
       params.append(jax.tree.map(np.array, loaded[name].params))
     else:
-      loaded[name] = loading.load_model(name, dtype=c.dtype)
+      loaded[name] = loading.load_model(name, c.param_dtype,
+                                        precision.compute_dtype(c.compute_dtype))
       params.append(loaded[name].params)
   models = [loaded[name] for name in names]
   policy = policy_config(c, built, [m.config for m in models])
@@ -218,6 +219,10 @@ class Run:
   def __init__(self, c: ml_collections.ConfigDict, workdir: str, *, trains: bool = True):
     """`trains=False`: the run only evaluates, so it holds no KL reference copy."""
     built = preflight.check(c, workdir)  # every input error surfaces here, before any loading
+    if c.param_dtype != "float32":
+      logging.warning("config.param_dtype=%r (allow_bf16_params): trainable params and AdamW "
+                      "moments are stored in %s; at lr %g most updates round away",
+                      c.param_dtype, c.param_dtype, c.optim.lr)
     sandbox.require_isolation(c.rollout.allow_unsandboxed)  # refuses or warns before the model
     self.c, self.workdir = c, workdir
     self.is_main = jax.process_index() == 0
@@ -249,7 +254,8 @@ class Run:
     if self._start_checkpoint() is None:  # else set where RL's starting params are made
       self._set_reference(trainable)
     self.next_seed = 0  # data position: the first seed not rolled out yet
-    self.local_frozen = multihost.process_local(self.frozen, self.mesh)  # never donated
+    self.local_frozen = policies.sampler_copy(  # never donated
+        self.policy, multihost.process_local(self.frozen, self.mesh))
     self.state = self.fns.init(trainable)
     self.rollout_cfg = RolloutConfig(mode=c.rollout.mode, k=c.rollout.k,
                                      tool_timeout_s=c.rollout.tool_timeout_s,
@@ -270,9 +276,11 @@ class Run:
 
   @property
   def params(self):
-    """(trainable, frozen) for the sampler, on this process's devices (`multihost.process_local`;
-    with one process, the train state's own arrays). Valid until the next train step."""
-    return multihost.process_local(self.state.params, self.mesh), self.local_frozen
+    """(trainable, frozen) for the sampler, on this process's devices (`multihost.process_local`)
+    as compute copies (`policies.sampler_copy`: bf16 under bf16 compute, made once per rollout;
+    in fp32 compute the train state's own arrays). Valid until the next train step."""
+    local = multihost.process_local(self.state.params, self.mesh)
+    return policies.sampler_copy(self.policy, local), self.local_frozen
 
   def evaluate(self, step: int, split: str = "eval") -> dict[str, float]:
     """Evaluation metrics `{split}/...` and traces `traces/{split}_step{step}...jsonl`
