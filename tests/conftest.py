@@ -1,11 +1,16 @@
-"""Test session set-up: 8 fake CPU devices so multi-device code paths run on one machine.
+"""Test session set-up: CPU, with 8 fake CPU devices so multi-device code paths run on one machine.
 
-XLA reads the flag once, when jax first initialises its backend, so it must be set before any test
-module imports jax.
+XLA reads the flags once, when jax first initialises its backend, so they must be set before any
+test module imports jax. The suite is a CPU suite on any host: on a GPU or TPU machine it still
+runs on the CPU (JAX_PLATFORMS=cpu unless the caller set it), and a host whose XLA_FLAGS already
+holds options (GPU images often set some) keeps them and gains the device count.
+Multi-device tests that find fewer devices skip with the reason (`host.cpu_devices`).
 """
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _flags:
+  os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count=8".strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("WANDB_MODE", "disabled")
 

@@ -12,6 +12,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 from marl_jax.algos.advantage_config import ESTIMATOR_NAMES, AdvantageConfig, AdvantageOutput
 from marl_jax.algos.advantages import ESTIMATORS, estimate, get_estimator
 from marl_jax.algos.batch import GroupSpace, SampleBatch, make_batch, validate_batch
+from host import cpu_devices
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -28,7 +29,7 @@ def run_both(batch: SampleBatch, cfg: AdvantageConfig,
              space: GroupSpace) -> tuple[AdvantageOutput, AdvantageOutput]:
   """The estimator on one device and inside shard_map over 8 devices (sample axis split)."""
   single = run(batch, cfg, space)
-  mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
+  mesh = Mesh(np.array(cpu_devices(8)), ("data",))
   specs = AdvantageOutput(advantages=P("data"),
                           returns=None if single.returns is None else P("data"),
                           sample_mask=P("data"), metrics=P())

@@ -14,6 +14,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 from marl_jax.algos.advantage_config import AdvantageConfig, AdvantageOutput
 from marl_jax.algos.advantages import estimate
 from marl_jax.algos.batch import GroupSpace, make_batch
+from host import cpu_devices
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -21,7 +22,7 @@ TOL = dict(rtol=1e-5, atol=1e-5)
 def run_both(batch, cfg: AdvantageConfig, space: GroupSpace) -> list[AdvantageOutput]:
   """The estimator on one device and inside shard_map over 8 devices (sample axis split)."""
   single = jax.jit(lambda b: estimate(b, cfg, space))(batch)
-  mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
+  mesh = Mesh(np.array(cpu_devices(8)), ("data",))
   specs = AdvantageOutput(advantages=P("data"), returns=None, sample_mask=P("data"), metrics=P())
   sharded = jax.jit(jax.shard_map(lambda b: estimate(b, cfg, space, "data"), mesh=mesh,
                                   in_specs=(P("data"),), out_specs=specs))(batch)

@@ -27,12 +27,12 @@ from marl_jax.models.config import get_preset
 from marl_jax.parallel import policies
 from marl_jax.parallel.mesh import make_mesh
 from marl_jax.parallel.train_step import TrainConfig, make_train_step
+from host import FAST_COMPILE, cpu_devices
 
 MODEL = get_preset("tiny-llama").replace(vocab_size=16)  # chance of a target token: 1/16
 TARGETS = np.array([3, 11])  # agent a's rewarded token
 A, PROBLEMS, K = 2, 4, 8  # agents, problems per step, samples per (problem, agent)
 STEPS, GOAL = 20, 0.5  # mean reward must reach GOAL within STEPS updates
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 
 
 @functools.partial(jax.jit, static_argnums=0, compiler_options=FAST_COMPILE)
@@ -105,7 +105,7 @@ def test_every_estimator_learns(estimator):
   cfg = TrainConfig(policy=pcfg, advantage=AdvantageConfig(estimator), space=space,
                     loss=LossConfig(policy_loss="reinforce" if estimator == "magrpo" else "ppo"),
                     with_entropy=False)
-  fns = make_train_step(cfg, make_mesh(devices=jax.devices()[:1]), compiler_options=FAST_COMPILE)
+  fns = make_train_step(cfg, make_mesh(devices=cpu_devices(1)), compiler_options=FAST_COMPILE)
   # A frozen base needs embeddings large enough for a confident target token: with tied
   # embeddings of scale 0.02, |logit| <= |h| |e| ~ 1.3 and LoRA alone cannot exceed p ~ 0.2.
   init = jax.jit(lambda key: policies.init_params(pcfg, key, decoder.init_params(

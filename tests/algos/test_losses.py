@@ -9,6 +9,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from marl_jax.algos.losses import (LossConfig, NumDen, aggregate, policy_loss, total_loss,
                                    value_loss)
+from host import cpu_devices
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 N, T = 8, 6
@@ -173,7 +174,7 @@ def test_micro_batches_sum_to_full_batch(aggregation):
 def test_device_psum_equals_full_batch():
   x = make_inputs(7)
   cfg = LossConfig(aggregation="seq_mean_token_mean")
-  mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
+  mesh = Mesh(np.array(cpu_devices(8)), ("data",))
 
   def per_device(logp, old, adv, mask):
     terms, metrics = policy_loss(logp, old, adv, mask, cfg)

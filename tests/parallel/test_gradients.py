@@ -18,6 +18,7 @@ from marl_jax.parallel import gradients
 from marl_jax.parallel.mesh import BATCH_AXES, make_mesh
 from marl_jax.parallel.policies import PolicyConfig
 from marl_jax.parallel.train_step import TrainConfig, TrainState, guarded_update
+from host import cpu_devices
 
 MODEL = get_preset("tiny-llama")
 
@@ -62,7 +63,7 @@ def test_guarded_update_applies_skips_and_counts():
 
 def test_agent_vjp_grads_differentiate_every_row():
   """Loss rows [p0^2 + p1^2, p0, 2 p1]: their gradients are [2p, e0, 2 e1], from one forward."""
-  mesh = make_mesh(devices=jax.devices()[:1])
+  mesh = make_mesh(devices=cpu_devices(1))
   loss_fn = lambda p: (jnp.stack([jnp.sum(p ** 2), p[0], 2.0 * p[1]]), {"aux": p[0]})
 
   def body(p):  # params vary over the batch axes, as `local_grads` marks them

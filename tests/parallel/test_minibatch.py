@@ -24,11 +24,11 @@ from marl_jax.models.lora import LoraConfig
 from marl_jax.parallel import layouts, minibatch, policies
 from marl_jax.parallel.mesh import make_mesh
 from marl_jax.parallel.train_step import TrainConfig, make_train_step
+from host import FAST_COMPILE, cpu_devices
 
 MODEL = get_preset("tiny-llama")
 N, TP, R, A, K = 16, 6, 4, 2, 4  # samples, prompt len, response len, agents, samples per group
 SPACE = GroupSpace(num_problems=N // K, num_agents=A, max_turns=K // A, num_trajs=N // K)
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 init_params = jax.jit(policies.init_params, static_argnums=0, compiler_options=FAST_COMPILE)
 
 
@@ -98,7 +98,7 @@ def build(mesh_shape=(1, 1, 1), kind="shared", P=1, estimator="grpo", lr=1e-3, l
                                     if kind == "lora" else {}))
   cfg = TrainConfig(policy=policy, advantage=AdvantageConfig(estimator),
                     loss=loss or LossConfig(), space=SPACE, **cfg_kw)
-  devices = jax.devices()[:int(np.prod(mesh_shape))]
+  devices = cpu_devices(int(np.prod(mesh_shape)))
   return cfg, make_train_step(cfg, make_mesh(*mesh_shape, devices=devices),
                               compiler_options=FAST_COMPILE)
 
@@ -343,7 +343,7 @@ def test_per_policy_blocks_select_and_update(kind):
                                  optim=(OptimConfig(lr=0.05, eps=1e-2),))
   cfg = TrainConfig(policy=policy, advantage=AdvantageConfig("grpo"), loss=LossConfig(),
                     space=SPACE, mini_batch_size=4, epochs=1)
-  fns = make_train_step(cfg, make_mesh(2, 1, 1, devices=jax.devices()[:2]),
+  fns = make_train_step(cfg, make_mesh(2, 1, 1, devices=cpu_devices(2)),
                         compiler_options=FAST_COMPILE)
   one = jax.jit(decoder.init_params, static_argnums=0)(MODEL, jax.random.key(0))
   trainable, frozen = init_params(policy, jax.random.key(1),
@@ -403,7 +403,7 @@ def test_updates_leave_out_the_rows_of_agents_rl_does_not_train(kind, recompute)
   cfg = TrainConfig(policy=policy, advantage=AdvantageConfig("grpo"), loss=LossConfig(),
                     space=SPACE, agent_policies=(0, 0) if P == 1 else None,
                     recompute_old_logp=recompute, tis_cap=1.2 if recompute else None)
-  fns = make_train_step(cfg, make_mesh(2, 1, 1, devices=jax.devices()[:2]),
+  fns = make_train_step(cfg, make_mesh(2, 1, 1, devices=cpu_devices(2)),
                         compiler_options=FAST_COMPILE)
   one = jax.jit(decoder.init_params, static_argnums=0)(MODEL, jax.random.key(0))
   trainable, frozen = init_params(policy, jax.random.key(1),
@@ -460,7 +460,7 @@ def test_a_stacked_reference_copies_the_blocks_of_its_reference_policies_alone()
   cfg = TrainConfig(policy=policy, advantage=AdvantageConfig("grpo"),
                     loss=LossConfig(kl_coef=0.1), space=SPACE, agent_policies=(1, 2),
                     reference_policies=(1, 2))
-  fns = make_train_step(cfg, make_mesh(1, 2, 1, devices=jax.devices()[:2]),
+  fns = make_train_step(cfg, make_mesh(1, 2, 1, devices=cpu_devices(2)),
                         compiler_options=FAST_COMPILE)
   init_one = jax.jit(decoder.init_params, static_argnums=0)
   blocks = [init_one(MODEL, jax.random.key(p)) for p in range(3)]
@@ -488,7 +488,7 @@ def test_a_stacked_reference_copies_the_blocks_of_its_reference_policies_alone()
   np.testing.assert_allclose(out.ref_logp[0][mask], ref_logp(blocks[2], parts[1])[mask],
                              atol=2e-5)
   second = make_train_step(dataclasses.replace(cfg, reference_policies=(2,)),
-                           make_mesh(1, 2, 1, devices=jax.devices()[:2]),
+                           make_mesh(1, 2, 1, devices=cpu_devices(2)),
                            compiler_options=FAST_COMPILE)
   with pytest.raises(ValueError, match=r"the KL reference holds the blocks of policies \(2,\) "
                      r"\(reference_policies\); the batch has blocks of policies \(1, 2\)$"):

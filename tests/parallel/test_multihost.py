@@ -52,14 +52,14 @@ from marl_jax.parallel import policies  # noqa: E402
 from marl_jax.parallel.mesh import BATCH_AXES, make_mesh  # noqa: E402
 from marl_jax.parallel.train_step import TrainConfig, make_train_step  # noqa: E402
 from marl_jax.training.metrics import read_metrics  # noqa: E402
+from host import FAST_COMPILE, FAST_XLA_FLAGS, cpu_devices  # noqa: E402
 # marl_jax.training.trainer and toy_task start the jax backend when imported: the workers import
 # them after `initialize_distributed`.
 
 NUM_PROCESSES, LOCAL_DEVICES, STEPS = 2, 2, 2
 N, TP, R, A, K = 16, 6, 4, 2, 4  # samples, prompt len, response len, agents, samples per group
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
-# The trainer takes no compiler options: the same fast-compile settings for its subprocesses.
-FAST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+# The trainer takes no compiler options: its subprocesses get the same settings as XLA_FLAGS
+# (`host.FAST_XLA_FLAGS`).
 TIMEOUT_S = 300
 
 
@@ -313,7 +313,7 @@ def test_real_train_step_in_two_processes_matches_one_process(tmp_path):
            for p in range(NUM_PROCESSES)]
   try:  # the reference runs here, over 4 of this process's 8 devices, while the workers run
     inputs = pickle.loads((tmp_path / "inputs.pkl").read_bytes())
-    mesh = make_mesh(data=2, fsdp=2, devices=jax.devices()[:4])
+    mesh = make_mesh(data=2, fsdp=2, devices=cpu_devices(4))
     want_history, want_state = _run_steps(mesh, inputs, slice(None))
     want_params = jax.device_get(want_state.params)
   finally:

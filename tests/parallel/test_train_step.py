@@ -25,6 +25,7 @@ from marl_jax.parallel import policies
 from marl_jax.parallel import layouts
 from marl_jax.parallel.mesh import make_mesh
 from marl_jax.parallel.train_step import TrainConfig, make_train_step
+from host import FAST_COMPILE, cpu_devices
 
 MODEL = get_preset("tiny-llama")
 N, TP, R, A, K = 16, 6, 4, 2, 4  # samples, prompt len, response len, agents, samples per group
@@ -32,9 +33,6 @@ SPACE = GroupSpace(num_problems=N // K, num_agents=A, max_turns=K // A, num_traj
 # eps large enough that Adam's first step is a smooth function of the gradient, so updated params
 # can be compared at float32 precision; clip at 1.0 exercises the global norm over shards.
 OPTIM = OptimConfig(lr=1e-3, eps=1e-2, max_grad_norm=1.0)
-# Compile time dominates these tests: XLA CPU's MLIR fusion emitters and LLVM's optimisation
-# passes cost ~4x the compile time of the classic emitters at -O0 (same numerics at 1e-5).
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 
 
 def assert_close(got, want, rtol=1e-5):
@@ -167,13 +165,13 @@ init_params = jax.jit(policies.init_params, static_argnums=0, compiler_options=F
 
 
 def build(kind="shared", P=1, mesh_shape=(1, 1, 1), micro_batches=1, estimator="grpo",
-          agent_grad_norms=False, logits_chunk=None, **policy_kw):
-  policy = policies.PolicyConfig(kind=kind, models=(MODEL,) * (P if kind == "mapped" else 1),
+          agent_grad_norms=False, logits_chunk=None, model=MODEL, **policy_kw):
+  policy = policies.PolicyConfig(kind=kind, models=(model,) * (P if kind == "mapped" else 1),
                                  num_policies=P, optim=(OPTIM,), **policy_kw)
   cfg = TrainConfig(policy=policy, advantage=AdvantageConfig(estimator), loss=LossConfig(),
                     space=SPACE, micro_batches=micro_batches, agent_grad_norms=agent_grad_norms,
                     logits_chunk=logits_chunk)
-  devices = jax.devices()[:int(np.prod(mesh_shape))]
+  devices = cpu_devices(int(np.prod(mesh_shape)))
   fns = make_train_step(cfg, make_mesh(*mesh_shape, devices=devices),
                         optimizer=recording(policies.make_optimizer(policy)),
                         compiler_options=FAST_COMPILE)
@@ -213,6 +211,35 @@ def test_one_device_matches_reference(shared_setup):
   # The optimizer saw the gradient and clipped it to norm 1 before AdamW.
   np.testing.assert_allclose(s["metrics"]["grad_norm"], optax.global_norm(grads), rtol=1e-5)
   assert s["metrics"]["grad_norm"] > 1.0
+
+
+def test_bf16_compute_step_tracks_the_fp32_step(shared_setup):
+  """Mixed precision (fp32 params, bf16 compute, `models/precision.py`) on the batch of the fp32
+  step: fp32 params, gradients and AdamW moments; loss and gradient norm within what bf16
+  rounding can move them.
+
+  The tolerance is a first-order error bound. bf16 keeps 8 significant bits: every rounding
+  has relative error <= u = 2^-8. Along one layer's longest chain the forward rounds 22 times
+  (a projection's two operands and its output: 3 each for q/k/v, the scores, probs @ v, o, gate/
+  up and down; the probabilities, the two residual adds and silu * up: 1 each), so with the
+  embedding's cast an L-layer forward accumulates at most n = 22 L + 1 relative errors of u and
+  the backward as many again: the loss may move by n u and the gradient norm by 2 n u, relative.
+  The check that the two differ at all keeps the bf16 path from being silently the fp32 one."""
+  s = shared_setup
+  bf16 = MODEL.replace(compute_dtype="bfloat16")
+  _, fns = build(agent_grad_norms=True, model=bf16)
+  grads, state, metrics = run_step(fns, s["trainable"], {}, s["batch"])
+  floats = [x for x in jax.tree.leaves((state.params, grads, state.opt_state[1]))
+            if jnp.issubdtype(x.dtype, jnp.floating)]  # (not the optimizer's step counts)
+  assert floats and all(x.dtype == jnp.float32 for x in floats)
+  n = 22 * MODEL.num_hidden_layers + 1
+  u = 2.0 ** -8
+  want_loss, want_norm = float(s["metrics"]["loss"]), float(s["metrics"]["grad_norm"])
+  loss_err = abs(float(metrics["loss"]) - want_loss) / abs(want_loss)
+  norm_err = abs(float(metrics["grad_norm"]) - want_norm) / want_norm
+  assert loss_err <= n * u, (loss_err, n * u)
+  assert norm_err <= 2 * n * u, (norm_err, 2 * n * u)
+  assert max(loss_err, norm_err) > 1e-5  # bf16 really computed (fp32 rounding is ~1e-7)
 
 
 @pytest.mark.parametrize("mesh_shape, micro_batches, logits_chunk", [

@@ -24,13 +24,15 @@ import pytest
 from marl_jax.training import checkpoint
 from marl_jax.training.checkpoint import Checkpointer, CheckpointWriteError
 from marl_jax.training.checkpoint_integrity import CheckpointDamagedError
+from host import cpu_devices
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _train_state(seed: int = 0):
   """params (sharded fp32 + a bf16 leaf), adamw state after one update, keys, step."""
-  mesh = jax.make_mesh((4, 2), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  mesh = jax.make_mesh((4, 2), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
+                       devices=cpu_devices(8))
   rng = np.random.default_rng(seed)
   params = {
       "w": jax.device_put(rng.normal(size=(8, 6)).astype(np.float32),

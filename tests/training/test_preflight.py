@@ -56,7 +56,6 @@ def test_every_build_error_is_a_user_input_error():
 
 
 def test_mesh_larger_than_the_devices():
-  assert jax.device_count() == 8
   assert config_lib.mesh_shape((-1, 2, 1), 8) == (4, 2, 1)
   with pytest.raises(UserInputError, match=r"mesh=\(16, 1, 1\) does not multiply to the 8 "
                      r"available devices; expected sizes whose product is 8"):

@@ -37,6 +37,7 @@ from marl_jax.training import config as config_lib
 from marl_jax.training import trainer
 from marl_jax.training.metrics import read_metrics
 from marl_jax.workflows import registry
+from host import FAST_COMPILE, cpu_devices
 
 pytestmark = pytest.mark.usefixtures("shared_compiles")  # conftest
 
@@ -371,8 +372,8 @@ def test_old_values_on_fsdp_mesh_match_numpy():
   space = GroupSpace(num_problems=n // 2, max_turns=1, num_agents=2, num_trajs=n // 2)
   cfg = TrainConfig(policy=policy, advantage=AdvantageConfig("gae_token"), loss=LossConfig(),
                     space=space)
-  fns = make_train_step(cfg, make_mesh(2, 4, 1), compiler_options={
-      "xla_backend_optimization_level": 0})
+  fns = make_train_step(cfg, make_mesh(2, 4, 1, devices=cpu_devices(8)),
+                        compiler_options=FAST_COMPILE)
   trainable, frozen = policies.init_params(policy, jax.random.key(0))
   rng = np.random.default_rng(0)
   prompt_mask = np.arange(tp)[None] >= rng.integers(0, 3, n)[:, None]

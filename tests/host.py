@@ -1,0 +1,52 @@
+"""What a test may ask of the host it runs on: CPU devices, and XLA options the installed jax takes.
+
+The suite runs on CPU (`conftest.py` selects it and asks XLA for 8 host devices), also on a GPU
+or TPU machine. Tests that compile much pass `FAST_COMPILE` (the CPU compiler's -O0 without its
+MLIR fusion emitters: ~4x faster compiles of tiny models, the same numerics at 1e-5), which holds
+only the options this jax accepts: jax 0.11 rejects `xla_cpu_use_fusion_emitters` ("No such
+compile option"). Multi-device tests take their devices from `cpu_devices(n)`, which skips the
+test, naming why, when the process has fewer.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import pytest
+
+_WANTED = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+
+
+def _accepted(options: dict) -> dict:
+  """The options of `options` that the CPU compiler of this jax accepts (one probe compile each).
+  MARL_JAX_TEST_XLA_OPTIONS=none drops them all: the suite as a jax without them runs it."""
+  if os.environ.get("MARL_JAX_TEST_XLA_OPTIONS") == "none":
+    return {}
+  kept = {}
+  for name, value in options.items():
+    try:
+      jax.jit(lambda x: x + 1, compiler_options={name: value}).lower(1.0).compile()
+    except Exception:  # noqa: BLE001  (jax raises its runtime error type for an unknown option)
+      continue
+    kept[name] = value
+  return kept
+
+
+FAST_COMPILE = _accepted(_WANTED) if jax.default_backend() == "cpu" else {}
+# The same options as XLA_FLAGS, for test subprocesses (an unknown flag there aborts XLA).
+FAST_XLA_FLAGS = " ".join(f"--{k}={str(v).lower()}" for k, v in FAST_COMPILE.items())
+
+
+def cpu_devices(n: int) -> list[jax.Device]:
+  """The first n CPU devices, or a skip saying why there are fewer."""
+  try:
+    devices = jax.devices("cpu")
+  except RuntimeError:
+    pytest.skip(f"needs {n} CPU devices; JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS')!r} "
+                "leaves out the CPU backend")
+  if len(devices) < n:
+    pytest.skip(f"needs {n} CPU devices, this process has {len(devices)}: XLA_FLAGS="
+                f"{os.environ.get('XLA_FLAGS', '')!r} (conftest.py adds "
+                "--xla_force_host_platform_device_count=8 unless a count is already set)")
+  return devices[:n]
