@@ -1,4 +1,4 @@
-"""What a test may ask of the host it runs on: CPU devices, and XLA options the installed jax takes.
+"""What a test may ask of its host: CPU devices, and the XLA options the installed jax takes.
 
 The suite runs on CPU (`conftest.py` selects it and asks XLA for 8 host devices), also on a GPU
 or TPU machine. Tests that compile much pass `FAST_COMPILE` (the CPU compiler's -O0 without its
@@ -10,6 +10,7 @@ test, naming why, when the process has fewer.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import jax
@@ -33,9 +34,20 @@ def _accepted(options: dict) -> dict:
   return kept
 
 
-FAST_COMPILE = _accepted(_WANTED) if jax.default_backend() == "cpu" else {}
-# The same options as XLA_FLAGS, for test subprocesses (an unknown flag there aborts XLA).
-FAST_XLA_FLAGS = " ".join(f"--{k}={str(v).lower()}" for k, v in FAST_COMPILE.items())
+@functools.cache
+def _fast_compile() -> dict:
+  return _accepted(_WANTED) if jax.default_backend() == "cpu" else {}
+
+
+def __getattr__(name: str):
+  """FAST_COMPILE, and FAST_XLA_FLAGS (the same options as XLA_FLAGS for test subprocesses: an
+  unknown flag there aborts XLA), probed on first use: a process that must start jax's backend
+  itself (`jax.distributed.initialize` in the multi-host workers) imports this module first."""
+  if name == "FAST_COMPILE":
+    return _fast_compile()
+  if name == "FAST_XLA_FLAGS":
+    return " ".join(f"--{k}={str(v).lower()}" for k, v in _fast_compile().items())
+  raise AttributeError(name)
 
 
 def cpu_devices(n: int) -> list[jax.Device]:

@@ -205,7 +205,8 @@ def _sdpa(q, k, v, mask, past=()):
   a fully masked row has no defined softmax (flash kernels may return NaN for it), and a padding
   position's output is read by no real position."""
   B, T, Hq, Dh = q.shape
-  keys = jnp.concatenate([pk for pk, _, _ in past] + [k], axis=2).swapaxes(1, 2)  # [B, S+T, Hkv, Dh]
+  # [B, S + T, Hkv, Dh]: every part's keys, then this call's
+  keys = jnp.concatenate([pk for pk, _, _ in past] + [k], axis=2).swapaxes(1, 2)
   values = jnp.concatenate([pv for _, pv, _ in past] + [v], axis=2).swapaxes(1, 2)
   own = mask | jnp.eye(T, dtype=bool)[None]
   visible = jnp.concatenate([jnp.broadcast_to(pm[:, None, :], (B, T, pm.shape[1]))

@@ -52,7 +52,7 @@ from marl_jax.parallel import policies  # noqa: E402
 from marl_jax.parallel.mesh import BATCH_AXES, make_mesh  # noqa: E402
 from marl_jax.parallel.train_step import TrainConfig, make_train_step  # noqa: E402
 from marl_jax.training.metrics import read_metrics  # noqa: E402
-from host import FAST_COMPILE, FAST_XLA_FLAGS, cpu_devices  # noqa: E402
+import host  # noqa: E402  (its probes start jax's backend: used inside functions only)
 # marl_jax.training.trainer and toy_task start the jax backend when imported: the workers import
 # them after `initialize_distributed`.
 
@@ -80,7 +80,7 @@ def _make_inputs(path: Path) -> None:
   cfg = _train_config()
   model = cfg.policy.models[0]
   trainable, frozen = jax.jit(policies.init_params, static_argnums=0,
-                              compiler_options=FAST_COMPILE)(cfg.policy, jax.random.key(0))
+                              compiler_options=host.FAST_COMPILE)(cfg.policy, jax.random.key(0))
   rng = np.random.default_rng(0)
   pad = rng.integers(0, 3, N)
   prompt_mask = np.arange(TP)[None] >= pad[:, None]
@@ -114,7 +114,7 @@ def _run_steps(mesh, inputs, rows: slice):
   Returns (per-step metrics as host arrays, final TrainState).
   """
   trainable, frozen, batch = inputs
-  fns = make_train_step(_train_config(), mesh, compiler_options=FAST_COMPILE)
+  fns = make_train_step(_train_config(), mesh, compiler_options=host.FAST_COMPILE)
   trainable, frozen = fns.shard_params(trainable, frozen)
   state = fns.init(trainable)
   local = jax.tree.map(lambda x: x[rows], batch)
@@ -263,7 +263,7 @@ def _free_port() -> int:
 def _env(devices: int) -> dict[str, str]:
   env = dict(os.environ, JAX_PLATFORMS="cpu", WANDB_MODE="disabled",
              PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]),
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} " + FAST_XLA_FLAGS)
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} " + host.FAST_XLA_FLAGS)
   env.pop(distributed.METHOD_ENV, None)
   return env
 
@@ -313,7 +313,7 @@ def test_real_train_step_in_two_processes_matches_one_process(tmp_path):
            for p in range(NUM_PROCESSES)]
   try:  # the reference runs here, over 4 of this process's 8 devices, while the workers run
     inputs = pickle.loads((tmp_path / "inputs.pkl").read_bytes())
-    mesh = make_mesh(data=2, fsdp=2, devices=cpu_devices(4))
+    mesh = make_mesh(data=2, fsdp=2, devices=host.cpu_devices(4))
     want_history, want_state = _run_steps(mesh, inputs, slice(None))
     want_params = jax.device_get(want_state.params)
   finally:
