@@ -49,7 +49,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from marl_jax.errors import ReportedError
+from marl_jax.errors import ReportedError, UserInputError
 from marl_jax.training.checkpoint_integrity import (CheckpointDamagedError, json_checksum, one_line,
                                                     state_checksums, verify)
 
@@ -71,6 +71,10 @@ ITEMS = ("state", "host", "checksums")
 
 class CheckpointWriteError(ReportedError, RuntimeError):
   """A checkpoint could not be written; earlier checkpoints are untouched."""
+
+
+class CheckpointMismatchError(UserInputError):
+  """An intact checkpoint whose arrays do not fit the target (another model or team)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,10 +112,16 @@ class Checkpointer:
     every_steps: `save` skips steps that are not multiples of this (unless forced).
     async_save: write in a background thread (see the module docstring); the checksums are still
       computed synchronously inside `save`.
+    identity: JSON the run is known by (its config), stored in every step's host item under
+      its checksum, so a resume checks itself against the checkpoint (`run_identity`).
+    read_only: for a reader of another process's run (`evaluate`, `init_from`): never saves,
+      deletes, renames or creates anything, and leaves orbax's temporary directories alone (the
+      cleanup of "interrupted" saves deleted a live trainer's in-progress step).
   """
 
   def __init__(self, directory: str | os.PathLike[str] | epath.Path, *, max_to_keep: int = 3,
-               every_steps: int = 1, async_save: bool = False):
+               every_steps: int = 1, async_save: bool = False, read_only: bool = False,
+               identity: Mapping[str, Any] | None = None):
     if max_to_keep < 1:
       raise ValueError(f"max_to_keep={max_to_keep}; expected >= 1")
     if every_steps < 1:
@@ -121,26 +131,32 @@ class Checkpointer:
       self.directory = self.directory.absolute()
     self._async_save = async_save
     self._every_steps = every_steps
+    self._read_only = read_only
+    self._identity = None if identity is None else _check_json(dict(identity))
     # Rotation keeps the last `max_to_keep` and checkpoint 0, the warm-started policy RL starts
     # from (saved only after a warm-start): it is the fork point of `config.init_from` and costs
     # the whole warm-start to make again.
     keep = ocp.checkpoint_managers
-    options = ocp.CheckpointManagerOptions(
-        preservation_policy=keep.AnyPreservationPolicy(
-            [keep.LatestN(max_to_keep), keep.CustomSteps([0])]),
-        enable_async_checkpointing=async_save,
-        # Temporary directories of a save that was interrupted (crash, SIGKILL) are removed.
-        cleanup_tmp_directories=True,
-    )
+    options = ocp.CheckpointManagerOptions(read_only=True) if read_only else (
+        ocp.CheckpointManagerOptions(
+            preservation_policy=keep.AnyPreservationPolicy(
+                [keep.LatestN(max_to_keep), keep.CustomSteps([0])]),
+            enable_async_checkpointing=async_save,
+            # Temporary directories of a save that was interrupted (crash, SIGKILL) are removed:
+            # safe only because this process is the workdir's one writer (`workdir_lock`).
+            cleanup_tmp_directories=True,
+        ))
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           item_names=ITEMS)
 
   @classmethod
-  def from_config(cls, cfg: ml_collections.ConfigDict,
-                  workdir: str | os.PathLike[str]) -> Checkpointer:
+  def from_config(cls, cfg: ml_collections.ConfigDict, workdir: str | os.PathLike[str], *,
+                  read_only: bool = False,
+                  identity: Mapping[str, Any] | None = None) -> Checkpointer:
     """Builds the checkpointer of a run from the `checkpoint` config section."""
     return cls(epath.Path(workdir) / CHECKPOINT_DIR, max_to_keep=cfg.max_to_keep,
-               every_steps=cfg.every_steps, async_save=cfg.async_save)
+               every_steps=cfg.every_steps, async_save=cfg.async_save, read_only=read_only,
+               identity=identity)
 
   def latest_step(self) -> int | None:
     """The newest complete checkpoint's step, or None if there is none."""
@@ -161,6 +177,8 @@ class Checkpointer:
       CheckpointWriteError: the write failed (disk full, permissions...). The step is not
         committed and the previous checkpoints are intact, so the run can be restarted from them.
     """
+    if self._read_only:
+      raise RuntimeError(f"save(step={step}) on a read-only Checkpointer of {self.directory}")
     host_json = _check_json(dict(host_state or {}))
     if (not force and step % self._every_steps != 0) or step in self._manager.all_steps():
       return False
@@ -170,6 +188,8 @@ class Checkpointer:
         "typed_keys": typed_keys,
         "process_states": _gather_host_states(host_json),
     }
+    if self._identity is not None:
+      host_item["identity"] = self._identity
     checksums = {"state": state_checksums(data_state), "host": json_checksum(host_item)}
     args = ocp.args.Composite(state=ocp.args.StandardSave(data_state),
                               host=ocp.args.JsonSave(host_item),
@@ -245,6 +265,19 @@ class Checkpointer:
     raise CheckpointDamagedError(f"every checkpoint in {self.directory} is damaged (steps {steps}, "
                                  "kept aside as STEP.damaged); rerun to start from scratch")
 
+  def read_host(self, step: int) -> dict[str, Any]:
+    """Step `step`'s host item alone (no arrays read), checked against its checksum; raises
+    CheckpointDamagedError when it cannot be read or does not match."""
+    try:
+      items = self._manager.restore(step, args=ocp.args.Composite(
+          host=ocp.args.JsonRestore(), checksums=ocp.args.JsonRestore()))
+      matches = json_checksum(items.host) == items.checksums["host"]
+    except Exception as e:  # pylint: disable=broad-except  # orbax and OS errors, bad JSON.
+      raise CheckpointDamagedError(f"its host item cannot be read ({one_line(e)})") from e
+    if not matches or not isinstance(items.host, dict):
+      raise CheckpointDamagedError("its host item does not match its saved checksum")
+    return items.host
+
   def _restore_items(self, step: int, abstract: PyTree | None) -> Any:
     return self._manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore(),
@@ -255,8 +288,11 @@ class Checkpointer:
     try:
       restored = self._restore_items(step, abstract)
     except Exception as e:  # pylint: disable=broad-except  # orbax, tensorstore and OS errors.
-      if abstract is not None and self._readable(step):
-        raise  # the files are fine; the target does not match them (not damage)
+      if abstract is not None and self._readable(step):  # not damage: another run's shapes
+        raise CheckpointMismatchError(
+            f"checkpoint step {step} in {self.directory} does not fit this config's model and "
+            f"team ({one_line(e)}); expected a checkpoint of a run with the same models, policy "
+            "layout and optimizer") from None
       raise CheckpointDamagedError(f"its items cannot be read ({one_line(e)})") from e
     verify(restored)
     state, host = restored.state, restored.host
@@ -273,8 +309,11 @@ class Checkpointer:
     return True
 
   def _set_aside(self, step: int) -> epath.Path:
-    """Renames the step directory to `STEP.damaged` (`STEP.damaged2`... if taken)."""
+    """Renames the step directory to `STEP.damaged` (`STEP.damaged2`... if taken); a reader
+    renames nothing and only says which it skipped."""
     source = self.directory / str(step)  # orbax's default step directory name
+    if self._read_only:
+      return source
     aside = self.directory / f"{step}.damaged"
     n = 1
     while aside.exists():
