@@ -32,6 +32,11 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 FORMAT_PENALTY = -2.0  # an agent's own term for empty/unparseable actions (AT-GRPO games).
+# Largest grid side and step count a generated instance may ask for (`envs.base.check_int`): the
+# papers' grids are 4..10 a side, and a config or a replayed trace must not make one episode cost
+# seconds and gigabytes.
+MAX_SIDE = 50
+MAX_STEPS = 10_000
 
 
 @dataclasses.dataclass(frozen=True)

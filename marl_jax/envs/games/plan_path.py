@@ -21,8 +21,8 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from marl_jax.envs.base import check_seed
-from marl_jax.envs.games.base import Game
+from marl_jax.envs.base import check_int, check_seed
+from marl_jax.envs.games.base import MAX_SIDE, MAX_STEPS, Game
 from marl_jax.envs.games.env import GameEnv
 
 MOVES = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
@@ -185,10 +185,11 @@ def generate(seed: int, *, height: int = 10, width: int = 10, block_ratio: float
              max_steps: int = 200, rewards: PlanPathRewards = PlanPathRewards()) -> PlanPath:
   """The instance of `seed` (same seed and sizes -> same instance)."""
   rng = random.Random(check_seed(seed))
-  if height < 1 or width < 1:
-    raise ValueError(f"grid size must be positive, got {height}x{width}")
-  if not 0.0 <= block_ratio < 1.0:
-    raise ValueError(f"block_ratio must be in [0, 1), got {block_ratio}")
+  check_int("height", height, 1, MAX_SIDE)
+  check_int("width", width, 1, MAX_SIDE)
+  check_int("max_steps", max_steps, 1, MAX_STEPS)
+  if not (isinstance(block_ratio, (int, float)) and 0.0 <= block_ratio < 1.0):
+    raise ValueError(f"block_ratio={block_ratio!r}; expected a number in [0, 1)")
   cells = [(r, c) for r in range(height) for c in range(width)]
   n_blocked = round(block_ratio * height * width)
   if len(cells) - n_blocked < 2:

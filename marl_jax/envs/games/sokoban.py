@@ -28,8 +28,8 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from marl_jax.envs.base import check_seed
-from marl_jax.envs.games.base import Game
+from marl_jax.envs.base import check_int, check_seed
+from marl_jax.envs.games.base import MAX_SIDE, MAX_STEPS, Game
 from marl_jax.envs.games.env import GameEnv
 from marl_jax.envs.games.plan_path import MOVES, coerce_moves
 
@@ -37,6 +37,7 @@ Cell = tuple[int, int]
 _STAMPS = (((0, 0),), ((0, 0), (0, 1)), ((0, 0), (1, 0)), ((0, 0), (0, 1), (1, 0), (1, 1)),
            ((0, 0), (-1, 0), (1, 0), (0, -1), (0, 1)))
 _MAX_TRIES = 1_000
+MAX_BOXES = 4  # room generation's reverse search grows fast with boxes (4: ~0.3-7 s)
 # Render symbols: floor is '_' rather than ' ' so that rows keep their width through tokenizers.
 WALL, FLOOR, TARGET, BOX, BOX_ON_TARGET, PLAYER, PLAYER_ON_TARGET = "#_.$*@+"
 _SYMBOLS = "#_ .$*@+"  # ' ' is read as floor too.
@@ -260,9 +261,15 @@ def generate(seed: int, *, height: int = 6, width: int = 6, num_boxes: int = 1,
              min_box_distance: int = 2, max_steps: int = 200, rewards: SokobanRewards = SokobanRewards()) -> Sokoban:
   """The room of `seed` (same seed and sizes -> same room); solvable by construction."""
   rng = random.Random(check_seed(seed))
-  if height < 3 or width < 3 or num_boxes < 1:
-    raise ValueError(f"need a room of at least 3x3 and >= 1 box, got {height}x{width}, "
-                     f"{num_boxes} boxes")
+  check_int("height", height, 3, MAX_SIDE)
+  check_int("width", width, 3, MAX_SIDE)
+  check_int("num_boxes", num_boxes, 1, MAX_BOXES)
+  check_int("num_steps", num_steps, 1, MAX_STEPS)
+  check_int("search_depth", search_depth, 1, MAX_STEPS)
+  check_int("min_box_distance", min_box_distance, 0, 2 * MAX_SIDE)
+  check_int("max_steps", max_steps, 1, MAX_STEPS)
+  if not (isinstance(p_change, (int, float)) and 0.0 <= p_change <= 1.0):
+    raise ValueError(f"p_change={p_change!r}; expected a number in [0, 1]")
   for _ in range(_MAX_TRIES):
     floor = frozenset(_topology(rng, height, width, num_steps, p_change))
     if len(floor) < 2 * num_boxes + 1:
