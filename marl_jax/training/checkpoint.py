@@ -44,12 +44,11 @@ from absl import logging
 from etils import epath
 import jax
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import ml_collections
-import numpy as np
 import orbax.checkpoint as ocp
 
 from marl_jax.errors import ReportedError, UserInputError
+from marl_jax.training import checkpoint_hosts
 from marl_jax.training.checkpoint_integrity import (CheckpointDamagedError, json_checksum, one_line,
                                                     state_checksums, verify)
 
@@ -183,10 +182,10 @@ class Checkpointer:
     if (not force and step % self._every_steps != 0) or step in self._manager.all_steps():
       return False
     data_state, typed_keys = _keys_to_data(state)
-    data_state = _replicate_host_local(data_state)
+    data_state = checkpoint_hosts.replicate_host_local(data_state)
     host_item = {
         "typed_keys": typed_keys,
-        "process_states": _gather_host_states(host_json),
+        "process_states": checkpoint_hosts.gather_host_states(host_json),
     }
     if self._identity is not None:
       host_item["identity"] = self._identity
@@ -297,8 +296,10 @@ class Checkpointer:
     verify(restored)
     state, host = restored.state, restored.host
     if target is not None:
-      state = _data_to_keys(_to_host_local(state, target), target, host["typed_keys"])
-    return Restored(step=step, state=state, host_state=_own_host_state(host["process_states"]))
+      state = _data_to_keys(checkpoint_hosts.to_host_local(state, target), target,
+                            host["typed_keys"])
+    return Restored(step=step, state=state,
+                    host_state=checkpoint_hosts.own_host_state(host["process_states"]))
 
   def _readable(self, step: int) -> bool:
     """Whether step `step` restores as saved (no target); only asked after a failed restore."""
@@ -367,12 +368,13 @@ def _keys_to_data(state: PyTree) -> tuple[PyTree, dict[str, str]]:
 def _abstract_data(target: PyTree) -> PyTree:
   """Target leaves as `ShapeDtypeStruct`s (typed keys as their key data), keeping shardings.
 
-  Process-local leaves of a multi-host run are restored replicated (`_to_host_local` then moves
-  them to the target's sharding).
+  Process-local leaves of a multi-host run are restored replicated
+  (`checkpoint_hosts.to_host_local` then moves them to the target's sharding).
   """
 
   def abstract(leaf):
-    sharding = _replicated() if _is_host_local(leaf) else getattr(leaf, "sharding", None)
+    sharding = (checkpoint_hosts.replicated() if checkpoint_hosts.is_host_local(leaf)
+                else getattr(leaf, "sharding", None))
     if _is_typed_key(leaf):
       data = jax.eval_shape(jax.random.key_data, leaf)
       return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=sharding)
@@ -394,66 +396,3 @@ def _data_to_keys(state: PyTree, target: PyTree, typed_keys: Mapping[str, str]) 
     return jax.random.wrap_key_data(leaf, impl=typed_keys[name])
 
   return jax.tree_util.tree_map_with_path(convert, state, target)
-
-
-def _is_host_local(leaf: Any) -> bool:
-  """A leaf that lives on this process only (numpy, single-device...) in a multi-host run."""
-  if jax.process_count() == 1:
-    return False
-  sharding = getattr(leaf, "sharding", None)
-  return sharding is None or sharding.is_fully_addressable
-
-
-def _replicated() -> NamedSharding:
-  """Replicated over every device of every process."""
-  return NamedSharding(Mesh(np.array(jax.devices()), ("devices",)), P())
-
-
-def _replicate_host_local(state: PyTree) -> PyTree:
-  """Makes process-local leaves global replicated arrays (orbax saves only global arrays)."""
-  if jax.process_count() == 1:
-    return state
-
-  def convert(path, leaf):
-    if not _is_host_local(leaf):
-      return leaf
-    value = np.asarray(leaf)
-    gathered = multihost_utils.process_allgather(value)  # [num_processes, ...]
-    if any(row.tobytes() != value.tobytes() for row in gathered):
-      raise ValueError(f"state leaf {jax.tree_util.keystr(path)} is process-local and differs "
-                       f"between processes; keep per-process values in host_state instead")
-    return jax.make_array_from_callback(value.shape, _replicated(), lambda index: value[index])
-
-  return jax.tree_util.tree_map_with_path(convert, state)
-
-
-def _to_host_local(state: PyTree, target: PyTree) -> PyTree:
-  """Moves leaves restored replicated back to their process-local target sharding."""
-
-  def convert(leaf, target_leaf):
-    if not _is_host_local(target_leaf):
-      return leaf
-    value = np.asarray(leaf.addressable_data(0))
-    sharding = getattr(target_leaf, "sharding", None)
-    return value if sharding is None else jax.device_put(value, sharding)
-
-  return jax.tree.map(convert, state, target)
-
-
-def _gather_host_states(host_state: dict[str, Any]) -> list[dict[str, Any]]:
-  """All processes' host states, in process order (JSON bytes all-gathered across hosts)."""
-  if jax.process_count() == 1:
-    return [host_state]
-  data = np.frombuffer(json.dumps(host_state).encode(), dtype=np.uint8)
-  lengths = multihost_utils.process_allgather(np.array([data.size], np.int32)).reshape(-1)
-  padded = np.zeros(int(lengths.max()), np.uint8)
-  padded[:data.size] = data
-  rows = multihost_utils.process_allgather(padded)  # [num_processes, max_length]
-  return [json.loads(bytes(row[:n])) for row, n in zip(rows, lengths)]
-
-
-def _own_host_state(process_states: list[dict[str, Any]]) -> dict[str, Any]:
-  if len(process_states) != jax.process_count():
-    raise ValueError(f"checkpoint holds host states of {len(process_states)} processes but this "
-                     f"run has {jax.process_count()}; resume with the same number of processes")
-  return process_states[jax.process_index()]

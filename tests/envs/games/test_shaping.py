@@ -74,7 +74,8 @@ def test_potential_term_modes():
   assert potential_term("paper", 1.0, 0.99, -3.0, -3.0, 50) == pytest.approx(0.03)
   assert potential_term("discounted", 1.0, 0.99, -3.0, -3.0, 50) == pytest.approx(
       0.03 * 0.99 ** 50)
-  with pytest.raises(ValueError, match=r"shaping='nope'; expected one of \['paper', 'discounted'\]"):
+  with pytest.raises(ValueError,
+                     match=r"shaping='nope'; expected one of \['paper', 'discounted'\]"):
     plan_path.generate(0, shaping="nope")
 
 
