@@ -42,6 +42,9 @@ def parse_game_preset(preset: str | None) -> tuple[str, bool]:
   return choice["variant"], cpu
 
 
+SHAPED = ("plan_path", "sokoban")  # games with potential-based shaping (envs/games/base.py)
+
+
 def game_config(env_name: str, env_kwargs: dict, max_turns: int, variant: str,
                 cpu: bool) -> ml_collections.ConfigDict:
   """The game-table row `variant` (one of VARIANTS) on `env_name`, shrunk by `cpu`."""
@@ -49,6 +52,8 @@ def game_config(env_name: str, env_kwargs: dict, max_turns: int, variant: str,
   c.name = f"atgrpo_{env_name}_{variant}"
   c.model = "qwen3-1.7b"
   c.env.name = env_name
+  if env_name in SHAPED:  # the papers' shaping; --config.env.kwargs.shaping=discounted: no cycle pays
+    env_kwargs = {**env_kwargs, "shaping": "paper"}
   c.env.kwargs = ml_collections.ConfigDict(env_kwargs)
   c.env.max_turns = max_turns
   c.env.workflow = "single" if variant in ("single", "sa_grpo") else "mas"

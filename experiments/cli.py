@@ -41,6 +41,7 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
   """absl's flag parsing, with each failure as one line (config_flags reports some of them as a
   traceback or only when the config is first read)."""
   _check_config_file(argv)
+  check_flagfiles(argv)
   try:
     return flags.FLAGS(list(argv))
   except flags.Error as e:
@@ -65,6 +66,26 @@ def _check_config_file(argv: Sequence[str]) -> None:
       if not os.path.isfile(path):
         sys.exit(f"error: --config={value}: no config file {path!r}; expected "
                  "configs/NAME.py[:PRESET]")
+
+
+def check_flagfiles(argv: Sequence[str]) -> None:
+  """Exits with one line when a `--flagfile` is not UTF-8 text: absl reads it as text and raises
+  UnicodeDecodeError, and `config_flags.DEFINE_config_file` reads the flag files already when the
+  flag is defined, so an entry point with a config flag calls this before defining it. (A
+  flagfile that names another flagfile is read by absl, which then reports a decode error.)"""
+  for i, arg in enumerate(argv[1:], start=1):
+    path = arg.split("=", 1)[1] if arg.startswith("--flagfile=") else (
+        argv[i + 1] if arg == "--flagfile" and i + 1 < len(argv) else None)
+    if path is None:
+      continue
+    try:
+      with open(path, encoding="utf-8") as f:
+        f.read()
+    except UnicodeDecodeError as e:
+      sys.exit(f"error: --flagfile={path}: not UTF-8 text ({e.reason} at byte {e.start}); "
+               "expected a text file of --flag=value lines")
+    except OSError:
+      continue  # absl reports a missing file in one line itself
 
 
 def _flag_error(message: str) -> str:

@@ -14,11 +14,14 @@ ends in one `error: ...` line before the model loads.
 
 from __future__ import annotations
 
+import sys
+
 from absl import app, flags
 from ml_collections import config_flags
 
 from experiments import cli
 
+cli.check_flagfiles(sys.argv)  # config_flags reads flag files at definition
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file with optional preset: configs/NAME.py[:PRESET].",
     lock_config=True)

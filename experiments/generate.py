@@ -38,7 +38,8 @@ _TOP_K = flags.DEFINE_integer(
     "top_k", 0, "Sample only among the top_k most likely tokens; 0 disables it. Ignored when "
     "--temperature=0.")
 _SEED = flags.DEFINE_integer(
-    "seed", 0, "Random seed for sampling; the same seed and flags give the same completion.")
+    "seed", 0, "Random seed for sampling; the same seed and flags give the same completion.",
+    lower_bound=0, upper_bound=2**63 - 1)  # what jax.random.key takes
 flags.mark_flag_as_required("prompt")
 
 
@@ -48,6 +49,11 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # keep stderr to the summary or the error line
   if not _PROMPT.value.strip():
     raise UserInputError(f"--prompt={_PROMPT.value!r} is empty; expected the user message text")
+  try:  # bytes that are not UTF-8 reach argv as lone surrogates
+    _PROMPT.value.encode("utf-8")
+  except UnicodeEncodeError as e:
+    raise UserInputError(f"--prompt is not valid UTF-8 text (undecodable byte at character "
+                         f"{e.start}); expected the user message as UTF-8 text") from None
   import jax  # after flag parsing, so --help and flag errors stay instant
   import transformers
 

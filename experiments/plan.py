@@ -79,6 +79,7 @@ from marl_jax.workflows.rollout import id_layout
 DEVICES = {"h100": (80.0, 989.0), "v5e": (16.0, 197.0), "v4": (32.0, 275.0)}
 GIB = 2**30
 
+cli.check_flagfiles(sys.argv)  # config_flags reads flag files at definition
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file: configs/NAME.py[:PRESET].", lock_config=True)
 _DEVICES = flags.DEFINE_integer("devices", 8, "Fake devices to plan for.")

@@ -9,6 +9,8 @@ Bad input (config, workdir, datasets, mesh) ends in one `error: ...` line before
 
 from __future__ import annotations
 
+import sys
+
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -16,6 +18,7 @@ from experiments import cli
 from marl_jax.errors import UserInputError
 from marl_jax.parallel.distributed import initialize_distributed
 
+cli.check_flagfiles(sys.argv)  # config_flags reads flag files at definition
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file, optionally with a preset: configs/NAME.py[:PRESET]. "
     "Any field can be overridden with --config.FIELD=VALUE.", lock_config=True)

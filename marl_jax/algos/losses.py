@@ -88,6 +88,8 @@ class LossConfig:
       raise ValueError(f"value_clip must be > 0 (or None), got {self.value_clip}")
     if not self.huber_delta > 0.0:
       raise ValueError(f"huber_delta must be > 0, got {self.huber_delta}")
+    if not self.log_ratio_limit > 0.0:
+      raise ValueError(f"log_ratio_limit must be > 0, got {self.log_ratio_limit}")
 
 
 def aggregate(x: jax.Array, token_mask: jax.Array, mode: str) -> NumDen:

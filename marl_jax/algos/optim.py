@@ -9,6 +9,7 @@ separate model would), and the updates are restacked.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -55,10 +56,16 @@ class OptimConfig:
     if self.schedule != "constant" and self.decay_steps < 1:
       raise ValueError(f"schedule {self.schedule!r} needs decay_steps >= 1, got "
                        f"{self.decay_steps}")
-    if self.lr < 0 or self.weight_decay < 0 or self.warmup_steps < 0 or self.hold_steps < 0:
-      raise ValueError(f"lr, weight_decay, warmup_steps and hold_steps must be >= 0: {self}")
+    if (not (0 <= self.lr < math.inf and 0 <= self.weight_decay < math.inf)
+        or self.warmup_steps < 0 or self.hold_steps < 0):  # NaN fails every comparison
+      raise ValueError(f"lr and weight_decay must be finite and >= 0, warmup_steps and "
+                       f"hold_steps >= 0: {self}")
     if self.max_grad_norm is not None and not self.max_grad_norm > 0:
       raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
+    if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1 and self.eps > 0 and self.end_lr_ratio >= 0):
+      raise ValueError(f"Adam needs 0 <= b1, b2 < 1, eps > 0 and end_lr_ratio >= 0; got "
+                       f"b1={self.b1}, b2={self.b2}, eps={self.eps}, "
+                       f"end_lr_ratio={self.end_lr_ratio}")
 
 
 def make_schedule(cfg: OptimConfig) -> optax.Schedule:

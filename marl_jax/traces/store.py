@@ -20,7 +20,7 @@ import pathlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from marl_jax.errors import UserInputError
+from marl_jax.errors import UserInputError, json_line
 from marl_jax.traces.schema import validate
 
 CONTENT_SUFFIX = ".content.jsonl"
@@ -133,8 +133,4 @@ def _iter_jsonl(path: pathlib.Path) -> Iterator[tuple[int, Any]]:
                              f"{e.start})") from None
       if not line.strip():
         continue
-      try:
-        yield lineno, json.loads(line)
-      except json.JSONDecodeError as e:
-        raise TraceFileError(f"{path}:{lineno}: not valid JSON ({e.msg} at column "
-                             f"{e.colno})") from e
+      yield lineno, json_line(line, f"{path}:{lineno}", TraceFileError)

@@ -44,12 +44,11 @@ from absl import logging
 from etils import epath
 import jax
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import ml_collections
-import numpy as np
 import orbax.checkpoint as ocp
 
-from marl_jax.errors import ReportedError
+from marl_jax.errors import ReportedError, UserInputError
+from marl_jax.training import checkpoint_hosts
 from marl_jax.training.checkpoint_integrity import (CheckpointDamagedError, json_checksum, one_line,
                                                     state_checksums, verify)
 
@@ -71,6 +70,10 @@ ITEMS = ("state", "host", "checksums")
 
 class CheckpointWriteError(ReportedError, RuntimeError):
   """A checkpoint could not be written; earlier checkpoints are untouched."""
+
+
+class CheckpointMismatchError(UserInputError):
+  """An intact checkpoint whose arrays do not fit the target (another model or team)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,10 +111,16 @@ class Checkpointer:
     every_steps: `save` skips steps that are not multiples of this (unless forced).
     async_save: write in a background thread (see the module docstring); the checksums are still
       computed synchronously inside `save`.
+    identity: JSON the run is known by (its config), stored in every step's host item under
+      its checksum, so a resume checks itself against the checkpoint (`run_identity`).
+    read_only: for a reader of another process's run (`evaluate`, `init_from`): never saves,
+      deletes, renames or creates anything, and leaves orbax's temporary directories alone (the
+      cleanup of "interrupted" saves deleted a live trainer's in-progress step).
   """
 
   def __init__(self, directory: str | os.PathLike[str] | epath.Path, *, max_to_keep: int = 3,
-               every_steps: int = 1, async_save: bool = False):
+               every_steps: int = 1, async_save: bool = False, read_only: bool = False,
+               identity: Mapping[str, Any] | None = None):
     if max_to_keep < 1:
       raise ValueError(f"max_to_keep={max_to_keep}; expected >= 1")
     if every_steps < 1:
@@ -121,26 +130,32 @@ class Checkpointer:
       self.directory = self.directory.absolute()
     self._async_save = async_save
     self._every_steps = every_steps
+    self._read_only = read_only
+    self._identity = None if identity is None else _check_json(dict(identity))
     # Rotation keeps the last `max_to_keep` and checkpoint 0, the warm-started policy RL starts
     # from (saved only after a warm-start): it is the fork point of `config.init_from` and costs
     # the whole warm-start to make again.
     keep = ocp.checkpoint_managers
-    options = ocp.CheckpointManagerOptions(
-        preservation_policy=keep.AnyPreservationPolicy(
-            [keep.LatestN(max_to_keep), keep.CustomSteps([0])]),
-        enable_async_checkpointing=async_save,
-        # Temporary directories of a save that was interrupted (crash, SIGKILL) are removed.
-        cleanup_tmp_directories=True,
-    )
+    options = ocp.CheckpointManagerOptions(read_only=True) if read_only else (
+        ocp.CheckpointManagerOptions(
+            preservation_policy=keep.AnyPreservationPolicy(
+                [keep.LatestN(max_to_keep), keep.CustomSteps([0])]),
+            enable_async_checkpointing=async_save,
+            # Temporary directories of a save that was interrupted (crash, SIGKILL) are removed:
+            # safe only because this process is the workdir's one writer (`workdir_lock`).
+            cleanup_tmp_directories=True,
+        ))
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           item_names=ITEMS)
 
   @classmethod
-  def from_config(cls, cfg: ml_collections.ConfigDict,
-                  workdir: str | os.PathLike[str]) -> Checkpointer:
+  def from_config(cls, cfg: ml_collections.ConfigDict, workdir: str | os.PathLike[str], *,
+                  read_only: bool = False,
+                  identity: Mapping[str, Any] | None = None) -> Checkpointer:
     """Builds the checkpointer of a run from the `checkpoint` config section."""
     return cls(epath.Path(workdir) / CHECKPOINT_DIR, max_to_keep=cfg.max_to_keep,
-               every_steps=cfg.every_steps, async_save=cfg.async_save)
+               every_steps=cfg.every_steps, async_save=cfg.async_save, read_only=read_only,
+               identity=identity)
 
   def latest_step(self) -> int | None:
     """The newest complete checkpoint's step, or None if there is none."""
@@ -161,15 +176,19 @@ class Checkpointer:
       CheckpointWriteError: the write failed (disk full, permissions...). The step is not
         committed and the previous checkpoints are intact, so the run can be restarted from them.
     """
+    if self._read_only:
+      raise RuntimeError(f"save(step={step}) on a read-only Checkpointer of {self.directory}")
     host_json = _check_json(dict(host_state or {}))
     if (not force and step % self._every_steps != 0) or step in self._manager.all_steps():
       return False
     data_state, typed_keys = _keys_to_data(state)
-    data_state = _replicate_host_local(data_state)
+    data_state = checkpoint_hosts.replicate_host_local(data_state)
     host_item = {
         "typed_keys": typed_keys,
-        "process_states": _gather_host_states(host_json),
+        "process_states": checkpoint_hosts.gather_host_states(host_json),
     }
+    if self._identity is not None:
+      host_item["identity"] = self._identity
     checksums = {"state": state_checksums(data_state), "host": json_checksum(host_item)}
     args = ocp.args.Composite(state=ocp.args.StandardSave(data_state),
                               host=ocp.args.JsonSave(host_item),
@@ -245,6 +264,19 @@ class Checkpointer:
     raise CheckpointDamagedError(f"every checkpoint in {self.directory} is damaged (steps {steps}, "
                                  "kept aside as STEP.damaged); rerun to start from scratch")
 
+  def read_host(self, step: int) -> dict[str, Any]:
+    """Step `step`'s host item alone (no arrays read), checked against its checksum; raises
+    CheckpointDamagedError when it cannot be read or does not match."""
+    try:
+      items = self._manager.restore(step, args=ocp.args.Composite(
+          host=ocp.args.JsonRestore(), checksums=ocp.args.JsonRestore()))
+      matches = json_checksum(items.host) == items.checksums["host"]
+    except Exception as e:  # pylint: disable=broad-except  # orbax and OS errors, bad JSON.
+      raise CheckpointDamagedError(f"its host item cannot be read ({one_line(e)})") from e
+    if not matches or not isinstance(items.host, dict):
+      raise CheckpointDamagedError("its host item does not match its saved checksum")
+    return items.host
+
   def _restore_items(self, step: int, abstract: PyTree | None) -> Any:
     return self._manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore(),
@@ -255,14 +287,19 @@ class Checkpointer:
     try:
       restored = self._restore_items(step, abstract)
     except Exception as e:  # pylint: disable=broad-except  # orbax, tensorstore and OS errors.
-      if abstract is not None and self._readable(step):
-        raise  # the files are fine; the target does not match them (not damage)
+      if abstract is not None and self._readable(step):  # not damage: another run's shapes
+        raise CheckpointMismatchError(
+            f"checkpoint step {step} in {self.directory} does not fit this config's model and "
+            f"team ({one_line(e)}); expected a checkpoint of a run with the same models, policy "
+            "layout and optimizer") from None
       raise CheckpointDamagedError(f"its items cannot be read ({one_line(e)})") from e
     verify(restored)
     state, host = restored.state, restored.host
     if target is not None:
-      state = _data_to_keys(_to_host_local(state, target), target, host["typed_keys"])
-    return Restored(step=step, state=state, host_state=_own_host_state(host["process_states"]))
+      state = _data_to_keys(checkpoint_hosts.to_host_local(state, target), target,
+                            host["typed_keys"])
+    return Restored(step=step, state=state,
+                    host_state=checkpoint_hosts.own_host_state(host["process_states"]))
 
   def _readable(self, step: int) -> bool:
     """Whether step `step` restores as saved (no target); only asked after a failed restore."""
@@ -273,8 +310,11 @@ class Checkpointer:
     return True
 
   def _set_aside(self, step: int) -> epath.Path:
-    """Renames the step directory to `STEP.damaged` (`STEP.damaged2`... if taken)."""
+    """Renames the step directory to `STEP.damaged` (`STEP.damaged2`... if taken); a reader
+    renames nothing and only says which it skipped."""
     source = self.directory / str(step)  # orbax's default step directory name
+    if self._read_only:
+      return source
     aside = self.directory / f"{step}.damaged"
     n = 1
     while aside.exists():
@@ -328,12 +368,13 @@ def _keys_to_data(state: PyTree) -> tuple[PyTree, dict[str, str]]:
 def _abstract_data(target: PyTree) -> PyTree:
   """Target leaves as `ShapeDtypeStruct`s (typed keys as their key data), keeping shardings.
 
-  Process-local leaves of a multi-host run are restored replicated (`_to_host_local` then moves
-  them to the target's sharding).
+  Process-local leaves of a multi-host run are restored replicated
+  (`checkpoint_hosts.to_host_local` then moves them to the target's sharding).
   """
 
   def abstract(leaf):
-    sharding = _replicated() if _is_host_local(leaf) else getattr(leaf, "sharding", None)
+    sharding = (checkpoint_hosts.replicated() if checkpoint_hosts.is_host_local(leaf)
+                else getattr(leaf, "sharding", None))
     if _is_typed_key(leaf):
       data = jax.eval_shape(jax.random.key_data, leaf)
       return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=sharding)
@@ -355,66 +396,3 @@ def _data_to_keys(state: PyTree, target: PyTree, typed_keys: Mapping[str, str]) 
     return jax.random.wrap_key_data(leaf, impl=typed_keys[name])
 
   return jax.tree_util.tree_map_with_path(convert, state, target)
-
-
-def _is_host_local(leaf: Any) -> bool:
-  """A leaf that lives on this process only (numpy, single-device...) in a multi-host run."""
-  if jax.process_count() == 1:
-    return False
-  sharding = getattr(leaf, "sharding", None)
-  return sharding is None or sharding.is_fully_addressable
-
-
-def _replicated() -> NamedSharding:
-  """Replicated over every device of every process."""
-  return NamedSharding(Mesh(np.array(jax.devices()), ("devices",)), P())
-
-
-def _replicate_host_local(state: PyTree) -> PyTree:
-  """Makes process-local leaves global replicated arrays (orbax saves only global arrays)."""
-  if jax.process_count() == 1:
-    return state
-
-  def convert(path, leaf):
-    if not _is_host_local(leaf):
-      return leaf
-    value = np.asarray(leaf)
-    gathered = multihost_utils.process_allgather(value)  # [num_processes, ...]
-    if any(row.tobytes() != value.tobytes() for row in gathered):
-      raise ValueError(f"state leaf {jax.tree_util.keystr(path)} is process-local and differs "
-                       f"between processes; keep per-process values in host_state instead")
-    return jax.make_array_from_callback(value.shape, _replicated(), lambda index: value[index])
-
-  return jax.tree_util.tree_map_with_path(convert, state)
-
-
-def _to_host_local(state: PyTree, target: PyTree) -> PyTree:
-  """Moves leaves restored replicated back to their process-local target sharding."""
-
-  def convert(leaf, target_leaf):
-    if not _is_host_local(target_leaf):
-      return leaf
-    value = np.asarray(leaf.addressable_data(0))
-    sharding = getattr(target_leaf, "sharding", None)
-    return value if sharding is None else jax.device_put(value, sharding)
-
-  return jax.tree.map(convert, state, target)
-
-
-def _gather_host_states(host_state: dict[str, Any]) -> list[dict[str, Any]]:
-  """All processes' host states, in process order (JSON bytes all-gathered across hosts)."""
-  if jax.process_count() == 1:
-    return [host_state]
-  data = np.frombuffer(json.dumps(host_state).encode(), dtype=np.uint8)
-  lengths = multihost_utils.process_allgather(np.array([data.size], np.int32)).reshape(-1)
-  padded = np.zeros(int(lengths.max()), np.uint8)
-  padded[:data.size] = data
-  rows = multihost_utils.process_allgather(padded)  # [num_processes, max_length]
-  return [json.loads(bytes(row[:n])) for row, n in zip(rows, lengths)]
-
-
-def _own_host_state(process_states: list[dict[str, Any]]) -> dict[str, Any]:
-  if len(process_states) != jax.process_count():
-    raise ValueError(f"checkpoint holds host states of {len(process_states)} processes but this "
-                     f"run has {jax.process_count()}; resume with the same number of processes")
-  return process_states[jax.process_index()]

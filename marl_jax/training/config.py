@@ -215,9 +215,33 @@ def trained_agents(c: ml_collections.ConfigDict, spec: WorkflowSpec) -> frozense
   return frozenset(names or spec.agents)
 
 
+# The one number field where inf means something (`AdvantageConfig.clamp`: no clip).
+_INF_ALLOWED = frozenset({"algo.clamp"})
+
+
+def check_finite(values: Any, field: str = "config") -> None:
+  """Every float anywhere in `values` (a config's dict, lists included) is finite: NaN or inf in
+  lr, a coefficient or a clip value passed every range check written as `x < 0` and trained to
+  exit 0 with NaN weights. inf only where it means something (`_INF_ALLOWED`)."""
+  if isinstance(values, dict):
+    for key, value in values.items():
+      check_finite(value, f"{field}.{key}")
+  elif isinstance(values, (list, tuple)):
+    for i, value in enumerate(values):
+      check_finite(value, f"{field}[{i}]")
+  elif isinstance(values, float) and not math.isfinite(values):
+    if math.isinf(values) and field.removeprefix("config.") in _INF_ALLOWED:
+      return
+    raise ValueError(f"{field}={values!r}; expected a finite number")
+
+
 @_user_errors
 def build(c: ml_collections.ConfigDict) -> Built:
   """Checks a whole config before any compute; raises UserInputError naming the field and value."""
+  check_finite(c.to_dict())
+  if not isinstance(c.seed, int) or isinstance(c.seed, bool) or not 0 <= c.seed < 2**63:
+    raise ValueError(f"config.seed={c.seed!r}; expected an integer in [0, 2**63) (a "
+                     "jax.random.key seed)")
   _one_of(c.policy.kind, layouts.LAYOUTS.names(), "policy.kind")
   layout = layouts.of(c.policy)
   _one_of(c.env.name, registry.TASKS.names(), "env.name")

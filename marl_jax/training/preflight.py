@@ -32,11 +32,9 @@ def check(c: ml_collections.ConfigDict, workdir: str) -> config_lib.Built:
                          f"{c.rollout.max_refills} with algo.filter='zero_variance') runs on one "
                          f"process only, got {procs}; set config.rollout.max_refills=0")
   check_workdir(workdir)
-  # Problem 0 reads (and caches) every local dataset the env kwargs name, evaluation's too.
-  train, _ = (registry.problem_kwargs(c.env.name, c.env.workflow, c.env.max_turns, 0,
-                                      config_lib.env_kwargs(c, for_eval))
-              for for_eval in (False, True))
-  env = registry.make_env(c.env.name, **train)
+  # Problem 0 reads (and caches) every local dataset the env kwargs name, evaluation's too, and
+  # its env checks their values (sizes, ranges).
+  env, _ = (_problem_env(c, for_eval) for for_eval in (False, True))
   if hasattr(env, "final_rewards") and c.rollout.mode != "independent":
     raise UserInputError(f"workflow {c.env.workflow!r} of {c.env.name!r} credits decisions with "
                          f"the episode they led to, which config.rollout.mode="
@@ -44,6 +42,19 @@ def check(c: ml_collections.ConfigDict, workdir: str) -> config_lib.Built:
   if c.sft.steps:  # the warm-start's demonstrations come from the training problems' envs
     sft.check_env(env, built.spec.agents, c.env.name, c.sft.mistake_rate)
   return built
+
+
+def _problem_env(c: ml_collections.ConfigDict, for_eval: bool) -> object:
+  """The env of problem 0; a value the env refuses is the user's (one line naming the kwargs)."""
+  kwargs = config_lib.env_kwargs(c, for_eval)
+  try:
+    return registry.make_env(c.env.name, **registry.problem_kwargs(
+        c.env.name, c.env.workflow, c.env.max_turns, 0, kwargs))
+  except UserInputError:
+    raise
+  except (ValueError, TypeError, KeyError, IndexError, OverflowError) as e:
+    field = "config.eval.env_kwargs" if for_eval else "config.env.kwargs"
+    raise UserInputError(f"{field} {kwargs}: {c.env.name!r} refuses them: {e}") from None
 
 
 def check_mini_batch(c: ml_collections.ConfigDict, mesh: tuple[int, int, int]) -> None:

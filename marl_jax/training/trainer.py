@@ -60,6 +60,7 @@ from marl_jax.sandbox import runner as sandbox
 from marl_jax.training import eval_results, evaluation, plots, preflight, progress, refill
 from marl_jax.training import config as config_lib
 from marl_jax.training import sft as sft_lib
+from marl_jax.training import run_identity, workdir_lock
 from marl_jax.training.checkpoint import CHECKPOINT_DIR, Checkpointer, saved_steps
 from marl_jax.training.checkpoint_integrity import one_line
 from marl_jax.training.llm_policy import LLMPolicy
@@ -267,7 +268,8 @@ class Run:
     eval_top_p = c.sampling.top_p if c.eval.top_p is None else c.eval.top_p
     self.eval_policy = LLMPolicy(self.policy, self.tokenizers,
                                  sampling_params(c, c.eval.temperature, eval_top_p), self.run_key)
-    self.checkpointer = Checkpointer.from_config(c.checkpoint, workdir)
+    self.checkpointer = Checkpointer.from_config(c.checkpoint, workdir, read_only=not trains,
+                                                 identity=run_identity.identity(c))
     self.sft_shape = self.sft_fns = None
     if c.sft.steps:
       self.sft_shape = batch_shape(c, self.spec, shards, procs, sft=True)
@@ -400,7 +402,7 @@ class Run:
   def _checkpoint_params(self, workdir: str, step: int, source: str) -> Any:
     """The trainable params of checkpoint `step` of `workdir`, restored into this run's layout;
     `source` names where the step came from in the refusal."""
-    with Checkpointer(os.path.join(workdir, CHECKPOINT_DIR)) as checkpoints:
+    with Checkpointer(os.path.join(workdir, CHECKPOINT_DIR), read_only=True) as checkpoints:
       try:
         restored = checkpoints.restore(step, target={"train": self.state, "rng": self.run_key})
       except (ValueError, TypeError, KeyError) as e:
@@ -495,11 +497,14 @@ def evaluate_checkpoint(c: ml_collections.ConfigDict, workdir: str, step: int | 
 def train(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs (or resumes) training in `workdir`; returns the final summary. A resume under a config
   that changes what the run computes is refused before any model is built
-  (`config.check_resume`)."""
-  saved = os.path.join(workdir, "config.json")
-  if saved_steps(workdir) and os.path.exists(saved):
-    with open(saved) as f:
-      config_lib.check_resume(json.load(f), c)
+  (`config.check_resume`), and so is a second writer of the workdir (`workdir_lock`)."""
+  preflight.check_workdir(workdir)
+  with workdir_lock.exclusive(workdir, enabled=jax.process_index() == 0):
+    return _train(c, workdir)
+
+
+def _train(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  run_identity.check_resume(workdir, c, write=jax.process_index() == 0)
   run = Run(c, workdir)
   restored = run.checkpointer.restore_or_init(
       {"train": run.state, "rng": run.run_key}, {"next_step": 0, "next_seed": 0})

@@ -33,3 +33,26 @@ def test_evaluates_a_named_split_from_its_own_file(tmp_path):
   kwargs = [t["events"][0]["env_kwargs"] for t in traces]
   assert {k["path"] for k in kwargs} == {str(test)}
   assert sorted({k["index"] for k in kwargs}) == [0, 1, 2]
+
+
+def test_a_checkpoint_of_another_model_is_refused_in_one_line(tmp_path):
+  """evaluate on a workdir whose checkpoint holds other arrays (another model's): one line naming
+  the step and what was expected, not orbax's traceback; the workdir is left as it was."""
+  import jax.numpy as jnp
+
+  from marl_jax.training.checkpoint import CHECKPOINT_DIR, Checkpointer, CheckpointMismatchError
+  model = tmp_path / "model"
+  toy_task.write_tiny_model(str(model))
+  toy_task.register()
+  workdir = tmp_path / "run"
+  with Checkpointer(workdir / CHECKPOINT_DIR) as writer:
+    writer.save(3, {"train": {"embed": jnp.zeros((7, 5))}, "rng": jnp.zeros(2, jnp.uint32)}, {})
+  before = sorted(p.name for p in (workdir / CHECKPOINT_DIR).iterdir())
+  try:
+    trainer.evaluate_checkpoint(toy_task.toy_config(str(model), steps=1), str(workdir))
+  except CheckpointMismatchError as e:
+    line = e.report()
+  else:
+    raise AssertionError("a checkpoint of other arrays was evaluated")
+  assert "\n" not in line and "checkpoint step 3" in line and "does not fit this config" in line
+  assert sorted(p.name for p in (workdir / CHECKPOINT_DIR).iterdir()) == before

@@ -52,6 +52,25 @@ def test_train_bad_values_stop_before_the_model_loads(tmp_path, empty_model):
              f"workdir '{a_file}/run' is not writable", "expected a directory")
 
 
+@pytest.mark.parametrize("override, named", [
+    ("--config.optim.lr=nan", "config.optim.lr=nan; expected a finite number"),
+    ("--config.optim.lr=inf", "config.optim.lr=inf; expected a finite number"),
+    ("--config.loss.clip_high=nan", "config.loss.clip_high=nan; expected a finite number"),
+    ("--config.env.kwargs.height=-3", "height=-3; expected an integer in [1, 50]"),
+    ("--config.seed=1180591620717411303424", "config.seed=1180591620717411303424"),
+])
+def test_train_bad_numbers_stop_before_the_model_loads(tmp_path, empty_model, override, named):
+  error_line(run("train", GAME, f"--workdir={tmp_path / 'run'}", empty_model, override), named)
+
+
+def test_binary_flagfile_is_one_line(tmp_path):
+  flagfile = tmp_path / "flags.bin"
+  flagfile.write_bytes(bytes(range(128, 256)) * 4)
+  for module in ("train", "generate"):
+    error_line(run(module, f"--flagfile={flagfile}"), f"--flagfile={flagfile}",
+               "not UTF-8 text")
+
+
 def test_train_bad_datasets_name_file_and_line(tmp_path, empty_model):
   workdir = f"--workdir={tmp_path / 'run'}"
   directory = tmp_path / "rows.jsonl"
@@ -77,6 +96,13 @@ def test_evaluate_missing_checkpoint_and_eval_only_train(tmp_path, empty_model):
 def test_generate_refuses_an_empty_prompt(prompt):
   error_line(run("generate", f"--prompt={prompt}", "--model=/no/such/model"), "--prompt=",
              "is empty", "expected the user message text")
+
+
+def test_generate_refuses_a_seed_jax_cannot_take_and_non_utf8_prompts():
+  error_line(run("generate", "--prompt=hi", "--model=/no/such/model",
+                 f"--seed={2**70}"), f"--seed={2**70}", "range [0, 9223372036854775807]")
+  error_line(run("generate", "--prompt=caf\udcc3\udca9 \udcff", "--model=/no/such/model"),
+             "--prompt is not valid UTF-8 text")
 
 
 def test_reproduce_bad_flags_and_rows(tmp_path):

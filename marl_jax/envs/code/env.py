@@ -53,6 +53,22 @@ def problem_imports(prompt: str) -> str:
                    if isinstance(node, (ast.Import, ast.ImportFrom)))
 
 
+def prompt_helpers(prompt: str, entry_point: str) -> str:
+  """The definitions a function task's prompt gives besides the entry point (HumanEval/32's
+  `poly`, /38's `encode_cyclic`...), run by the judge itself before the tests that call them:
+  they are the dataset's, so a candidate's own `poly` cannot stand in for them."""
+  try:
+    tree = ast.parse(prompt)
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
+    return ""
+  kept = [node for node in tree.body
+          if isinstance(node, (ast.Import, ast.ImportFrom, ast.ClassDef))
+          or (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+              and node.name != entry_point)
+          or (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant))]
+  return "\n".join(ast.unparse(node) for node in kept)
+
+
 def reply_code(response: str) -> str | None:
   """The program in a reply: its last fenced block, else None."""
   return actions_lib.extract_code(response)
@@ -125,8 +141,16 @@ class CodeProblem:
       return f"{problem_imports(self.prompt)}\n{code}"
     return code
 
-  def job(self, code: str) -> code_harness.TestJob:
-    return code_harness.TestJob(self.style, self.program(code), self.tests, self.test_setup)
+  def job(self, code: str, tests: tuple[Any, ...] | None = None) -> code_harness.TestJob:
+    """The judge's job for candidate `code` (without the prompt's imports; `program` adds
+    them): the problem's own tests after their setup, or a tester's `tests` without it. Either
+    way the prompt's helpers (`prompt_helpers`) are defined and only the entry point is exposed."""
+    setup = [self.test_setup if tests is None else ""]
+    if self.style == "function" and self.entry_point:
+      setup.insert(0, prompt_helpers(self.prompt, self.entry_point))
+    return code_harness.TestJob(self.style, self.program(code),
+                                self.tests if tests is None else tuple(tests),
+                                "\n".join(filter(None, setup)), self.entry_point)
 
   def statement(self) -> str:
     if self.style == "stdio":
@@ -216,8 +240,8 @@ class CodeEnv:
     self.tests = parse_generated_tests(response, self.problem.style)
     self.gen_report = None
     if self.tests and self.code is not None:
-      job = code_harness.TestJob(self.problem.style, self.problem.program(self.code), self.tests)
-      self.gen_report = code_harness.run_tests([job], self.limits)[0]
+      self.gen_report = code_harness.run_tests([self.problem.job(self.code, self.tests)],
+                                               self.limits)[0]
     match = self.gen_report.ratio if self.gen_report else 0.0
     gt = self.gt_report.ratio if self.gt_report else 0.0
     self.agreed = self.gen_report is not None and self.gen_report.all_passed

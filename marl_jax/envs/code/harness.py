@@ -10,17 +10,25 @@ The verdict must not be something the candidate can set. So inside the sandbox t
           the value one of its functions returned, or the output it printed for one stdin.
 
 Two styles:
-  function  the judge executes `setup` (e.g. HumanEval's `check` source plus `candidate =
-            entry_point`) and then each test statement in order, in its own namespace where every
-            function the candidate defined is a proxy that calls it in the worker. Values cross
-            the pipe as plain data (None, bool, int, float, complex, str, bytes, list, tuple,
-            dict, set), so the judge compares its own objects: a returned value can be wrong, but
-            cannot be an object whose `__eq__` lies, and the candidate never sees a test's
-            expected value. Statements with an `assert` are the counted tests; others just run.
-            A candidate returning anything else (a generator, its own class) fails that test.
+  function  the judge executes `setup` (e.g. the prompt's own helpers, HumanEval's `check`
+            source and `candidate = entry_point`) and then each test statement in order, in its
+            own namespace. The candidate reaches that namespace only as the functions under test:
+            the entry point, or (no entry point, MBPP-like) the names the tests call that are not
+            builtins; each is a proxy that calls it in the worker. So a candidate's `def abs`, a
+            default argument `(abs := ...)` or `import math as sorted` changes nothing the tests
+            see (modules the candidate imported are offered only under their own names, as the
+            judge's own stdlib modules, since MBPP's tests use the candidate's `import math`).
+            Values cross the pipe as plain data (None, bool, int, float, complex, str, bytes,
+            list, tuple, dict, set), so the judge compares its own objects: a returned value can
+            be wrong, but cannot be an object whose `__eq__` lies, and the candidate never sees a
+            test's expected value. An exception the candidate raises is re-raised in the judge as
+            the builtin of that name, except StopIteration (it would end a `map` inside a test
+            early, e.g. `all(map(candidate, xs))`), which becomes a RuntimeError. Statements with
+            an `assert` are the counted tests; others just run. A candidate returning anything
+            else (a generator, its own class) fails that test.
   stdio     per case the worker runs the candidate as `__main__` with the case's input as stdin
-            and returns what it printed; the judge compares outputs token by token (numbers
-            within 1e-6).
+            and returns what it printed; the judge compares outputs token by token: equal text,
+            or two finite numbers within 1e-6 (`nan` and `inf` equal no number).
 
 Whatever the candidate does in the worker (print "pass" lines, monkeypatch builtins, `sys.exit`,
 `os._exit(0)`, kill itself) changes at most the values it returns or ends the worker: a dead or
@@ -36,6 +44,7 @@ job format and result parsing they must agree with.)
 from __future__ import annotations
 
 import ast
+import builtins
 import dataclasses
 import json
 from collections.abc import Sequence
@@ -151,7 +160,27 @@ for _line in _inbox:
   _outbox.write(json.dumps(_reply) + "\n")
   _outbox.flush()
 '''
-_JUDGE = _CODEC + r'''
+# The judge's output comparison (stdio style), separate so that it is tested as written.
+_JUDGE_COMPARE = r'''
+import math
+
+
+def _same(got, want):
+  a, b = got.split(), want.split()
+  if len(a) != len(b):
+    return False
+  for x, y in zip(a, b):
+    if x == y:
+      continue
+    try:
+      fx, fy = float(x), float(y)
+    except ValueError:
+      return False
+    if not (math.isfinite(fx) and math.isfinite(fy)) or abs(fx - fy) > 1e-6 * max(1.0, abs(fy)):
+      return False
+  return True
+'''
+_JUDGE = _CODEC + _JUDGE_COMPARE + r'''
 import builtins, ctypes, importlib, json, os, select, signal, subprocess, sys, time
 sys.path = [p for p in sys.path if p and os.path.abspath(p) != os.getcwd()]  # scratch: candidate's
 try:
@@ -220,7 +249,8 @@ class _Worker:
 
 def _raise_like(name):
   kind = getattr(builtins, str(name), None)
-  if isinstance(kind, type) and issubclass(kind, Exception):
+  if (isinstance(kind, type) and issubclass(kind, Exception)
+      and not issubclass(kind, (StopIteration, StopAsyncIteration))):
     raise kind("raised by the candidate")
   raise RuntimeError(f"the candidate raised {name}")
 
@@ -291,13 +321,14 @@ def _report(i, status):
 def _namespace(loaded):
   ns = {"__name__": "__judge__", "__builtins__": builtins}
   for alias, module in loaded.get("modules", {}).items():
-    if type(module) is str and module.split(".")[0] in sys.stdlib_module_names:
+    if (type(module) is str and alias == module and module in sys.stdlib_module_names
+        and not hasattr(builtins, alias)):
       try:
         ns[alias] = importlib.import_module(module)
       except Exception:
         pass
   for name in loaded.get("funcs", []):
-    if type(name) is str:
+    if type(name) is str and name in _job["exposed"]:
       ns[name] = _proxy(name)
   return ns
 
@@ -338,22 +369,6 @@ def _function_style(cases, timeout):
       _session.drop()  # a worker stuck in a loop, dead, or out of step: a fresh one next
     timeouts += status == "timeout"
     _report(i, status)
-
-
-def _same(got, want):
-  a, b = got.split(), want.split()
-  if len(a) != len(b):
-    return False
-  for x, y in zip(a, b):
-    if x == y:
-      continue
-    try:
-      fx, fy = float(x), float(y)
-    except ValueError:
-      return False
-    if abs(fx - fy) > 1e-6 * max(1.0, abs(fy)):
-      return False
-  return True
 
 
 def _stdio_style(cases, timeout):
@@ -411,12 +426,16 @@ class TestJob:
   """A candidate program and the tests to run on it.
 
   `tests` are statement sources (function style) or {"input", "output"} dicts (stdio style).
+  `setup` is trusted code (the dataset's) run in the judge before the tests. `entry_point` is the
+  one candidate function the tests may call; None (MBPP-like tasks name it only in their tests)
+  exposes the non-builtin names the tests and setup call instead (`exposed_names`).
   """
 
   style: str
   code: str
   tests: tuple[Any, ...]
   setup: str = ""
+  entry_point: str | None = None
 
   def __post_init__(self):
     if self.style not in STYLES:
@@ -458,6 +477,24 @@ def is_counted(statement: str) -> bool:
   return any(isinstance(node, ast.Assert) for node in ast.walk(tree))
 
 
+def exposed_names(job: TestJob) -> list[str]:
+  """The candidate's names the judge's namespace may hold (module doc): the entry point, else the
+  names the tests and setup load that are not builtins (a test calling `sorted` means the
+  judge's `sorted`, whatever the candidate defined under that name)."""
+  if job.style != "function":
+    return []
+  if job.entry_point:
+    return [job.entry_point]
+  names: set[str] = set()
+  for source in (job.setup, *job.tests):
+    try:
+      tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+      continue  # a test that does not parse errors in the judge too
+    names.update(node.id for node in ast.walk(tree) if isinstance(node, ast.Name))
+  return sorted(n for n in names if not hasattr(builtins, n))
+
+
 def run_tests(jobs: Sequence[TestJob], limits: ExecLimits = ExecLimits(),
               max_workers: int = 2) -> list[TestReport]:
   """Runs every job in its own sandboxed judge (a few at a time); reports in input order."""
@@ -468,7 +505,7 @@ def run_tests(jobs: Sequence[TestJob], limits: ExecLimits = ExecLimits(),
     counted.append(flags)
     payloads.append(json.dumps({
         "worker": _WORKER, "style": job.style, "code": job.code, "setup": job.setup,
-        "cases": cases, "case_timeout": limits.case_timeout_s,
+        "exposed": exposed_names(job), "cases": cases, "case_timeout": limits.case_timeout_s,
         "load_timeout": limits.load_timeout_s, "max_timeouts": limits.max_timeouts}))
     timeouts.append(limits.program_timeout(len(cases)))
   reports: list[TestReport | None] = [None] * len(jobs)

@@ -176,8 +176,8 @@ def aux_main_reward(aux_response: str, main_response: str, problem: CodeProblem,
     return AuxMainReward(**parts, total=total)
   parts["parses"] = True
   total += 0.5
-  report = code_harness.run_tests([code_harness.TestJob("function", combined, problem.tests,
-                                                        problem.test_setup)], limits)[0]
+  report = code_harness.run_tests(
+      [problem.job("\n\n".join(filter(None, [aux_src, main_src])))], limits)[0]
   parts["pass_ratio"] = report.ratio
   total += report.ratio
   calls, thin, ignores = _main_structure(main_src, problem.entry_point)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from marl_jax.envs.base import Task, Workflow
+from marl_jax.envs.base import Task, Workflow, check_int, check_number
 from marl_jax.envs.code import data as code_data
 from marl_jax.envs.code.env import CodeEnv, CodeProblem
 from marl_jax.envs.code.harness import ExecLimits
@@ -51,8 +51,9 @@ def make_env(*, workflow: str = "atgrpo", max_turns: int = 4, case_timeout_s: fl
   """Registry factory, e.g. make_env("code", humaneval_index=3, workflow="magrpo")."""
   if workflow not in WORKFLOWS:
     raise ValueError(f"unknown code workflow {workflow!r}; expected one of {list(WORKFLOWS)}")
-  limits = ExecLimits(case_timeout_s=case_timeout_s, total_timeout_s=total_timeout_s,
-                      memory_mb=memory_mb)
+  limits = ExecLimits(case_timeout_s=check_number("case_timeout_s", case_timeout_s, 0.01, 60.0),
+                      total_timeout_s=check_number("total_timeout_s", total_timeout_s, 0.1, 600.0),
+                      memory_mb=check_int("memory_mb", memory_mb, 64, 65536))
   problem = load_problem(**source)
   if workflow == "magrpo":
     return AuxMainEnv(problem, limits=limits)

@@ -32,6 +32,32 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 FORMAT_PENALTY = -2.0  # an agent's own term for empty/unparseable actions (AT-GRPO games).
+# Largest grid side and step count a generated instance may ask for (`envs.base.check_int`): the
+# papers' grids are 4..10 a side, and a config or a replayed trace must not make one episode cost
+# seconds and gigabytes.
+MAX_SIDE = 50
+MAX_STEPS = 10_000
+# How a game's potential-based shaping lambda * (gamma * phi(s') - phi(s)) enters move t's
+# reward (`potential_term`). "paper": as the papers' code adds it to every move, undiscounted,
+# which a cycle earns: with phi <= 0 each move that stays, or goes and comes back, gains
+# (1 - gamma) * |phi| * lambda, so a 4x4 Plan-Path plan that oscillates its first move to the step
+# cap outscores the optimal plan (README "Fidelity"). "discounted": the term of move t (t counted
+# over the episode) is weighted by gamma^t, so the shaping of any move sequence telescopes to
+# lambda * (gamma^T phi(s_T) - phi(s_0)) (Ng et al. 1999): no cycle pays, and the most the
+# shaping can give is lambda * |phi(s_0)|, which reaching the goal at once earns (phi(goal) = 0).
+SHAPINGS = ("paper", "discounted")
+
+
+def check_shaping(shaping: str) -> None:
+  if shaping not in SHAPINGS:
+    raise ValueError(f"shaping={shaping!r}; expected one of {list(SHAPINGS)}")
+
+
+def potential_term(shaping: str, lam: float, gamma: float, phi: float, phi_next: float,
+                   t: int) -> float:
+  """The shaping reward of move t (0-based within the episode) from phi to phi_next."""
+  term = lam * (gamma * phi_next - phi)
+  return term * gamma ** t if shaping == "discounted" else term
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,9 @@ distinct free cells drawn uniformly; rejected and redrawn until goal is reachabl
 
 Reward of one move (U/D/L/R; any other move string is an invalid move):
   -0.01 if it moves, -0.10 if invalid (off the grid, into '#', unknown); the agent then stays;
-  + lambda * (gamma * phi(pos') - phi(pos)), phi = -Manhattan(pos, goal), gamma 0.99, lambda 1;
+  + lambda * (gamma * phi(pos') - phi(pos)), phi = -Manhattan(pos, goal), gamma 0.99, lambda 1
+    (shaping "paper", the default; "discounted" weights move t's term by gamma^t so that no
+    cycle pays: `games.base.potential_term`);
   + 1.0 on reaching the goal, + 0.5 more if the episode's move count (invalid moves included)
     equals the shortest-path length.
 An unparseable action list costs -1.0 (format penalty). The episode ends at the goal or after
@@ -21,8 +23,8 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from marl_jax.envs.base import check_seed
-from marl_jax.envs.games.base import Game
+from marl_jax.envs.base import check_int, check_seed
+from marl_jax.envs.games.base import MAX_SIDE, MAX_STEPS, Game, check_shaping, potential_term
 from marl_jax.envs.games.env import GameEnv
 
 MOVES = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
@@ -49,6 +51,10 @@ class PlanPathRewards:
   gamma: float = 0.99
   lambda_pot: float = 1.0
   format_penalty: float = -1.0
+  shaping: str = "paper"  # games.base.SHAPINGS
+
+  def __post_init__(self):
+    check_shaping(self.shaping)
 
 
 def shortest_moves(rows: Sequence[str], start: Cell, goal: Cell) -> list[str] | None:
@@ -120,7 +126,8 @@ class PlanPath(Game):
     valid = delta is not None and self._free(nxt)
     reward = rw.step if valid else rw.invalid
     new_pos = nxt if valid else self.pos
-    reward += rw.lambda_pot * (rw.gamma * self._phi(new_pos) - self._phi(self.pos))
+    reward += potential_term(rw.shaping, rw.lambda_pot, rw.gamma, self._phi(self.pos),
+                             self._phi(new_pos), self.steps)
     self.pos = new_pos
     self.steps += 1
     if self.solved:
@@ -182,13 +189,18 @@ class PlanPath(Game):
 
 
 def generate(seed: int, *, height: int = 10, width: int = 10, block_ratio: float = 0.22,
-             max_steps: int = 200, rewards: PlanPathRewards = PlanPathRewards()) -> PlanPath:
-  """The instance of `seed` (same seed and sizes -> same instance)."""
+             max_steps: int = 200, rewards: PlanPathRewards = PlanPathRewards(),
+             shaping: str | None = None) -> PlanPath:
+  """The instance of `seed` (same seed and sizes -> same instance); `shaping` (the config's way
+  to choose it, `games.base.SHAPINGS`) overrides `rewards.shaping`."""
+  if shaping is not None:
+    rewards = dataclasses.replace(rewards, shaping=shaping)
   rng = random.Random(check_seed(seed))
-  if height < 1 or width < 1:
-    raise ValueError(f"grid size must be positive, got {height}x{width}")
-  if not 0.0 <= block_ratio < 1.0:
-    raise ValueError(f"block_ratio must be in [0, 1), got {block_ratio}")
+  check_int("height", height, 1, MAX_SIDE)
+  check_int("width", width, 1, MAX_SIDE)
+  check_int("max_steps", max_steps, 1, MAX_STEPS)
+  if not (isinstance(block_ratio, (int, float)) and 0.0 <= block_ratio < 1.0):
+    raise ValueError(f"block_ratio={block_ratio!r}; expected a number in [0, 1)")
   cells = [(r, c) for r in range(height) for c in range(width)]
   n_blocked = round(block_ratio * height * width)
   if len(cells) - n_blocked < 2:

@@ -15,7 +15,7 @@ Reward of one move (U/D/L/R; any other move string is an invalid move):
   -0.01 if it moves, -0.05 if invalid (wall, off grid, box blocked, unknown); the player then stays;
   + 1.0 when a push puts a box onto a target, -0.5 when a push takes one off;
   + lambda * (gamma * phi' - phi), phi = -sum over boxes of the distance to the nearest target,
-    lambda 0.1, gamma 0.99;
+    lambda 0.1, gamma 0.99 (shaping "paper"; "discounted" as in plan_path.py);
   + 10 on solving (episode ends); -5 when the `max_steps`-th (200th) move ends the episode unsolved.
 An unparseable action list costs -1.0 (format penalty).
 """
@@ -28,8 +28,8 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from marl_jax.envs.base import check_seed
-from marl_jax.envs.games.base import Game
+from marl_jax.envs.base import check_int, check_seed
+from marl_jax.envs.games.base import MAX_SIDE, MAX_STEPS, Game, check_shaping, potential_term
 from marl_jax.envs.games.env import GameEnv
 from marl_jax.envs.games.plan_path import MOVES, coerce_moves
 
@@ -37,6 +37,7 @@ Cell = tuple[int, int]
 _STAMPS = (((0, 0),), ((0, 0), (0, 1)), ((0, 0), (1, 0)), ((0, 0), (0, 1), (1, 0), (1, 1)),
            ((0, 0), (-1, 0), (1, 0), (0, -1), (0, 1)))
 _MAX_TRIES = 1_000
+MAX_BOXES = 4  # room generation's reverse search grows fast with boxes (4: ~0.3-7 s)
 # Render symbols: floor is '_' rather than ' ' so that rows keep their width through tokenizers.
 WALL, FLOOR, TARGET, BOX, BOX_ON_TARGET, PLAYER, PLAYER_ON_TARGET = "#_.$*@+"
 _SYMBOLS = "#_ .$*@+"  # ' ' is read as floor too.
@@ -53,6 +54,10 @@ class SokobanRewards:
   gamma: float = 0.99
   lambda_pot: float = 0.1
   format_penalty: float = -1.0
+  shaping: str = "paper"  # games.base.SHAPINGS
+
+  def __post_init__(self):
+    check_shaping(self.shaping)
 
 
 def _add(cell: Cell, delta: Cell) -> Cell:
@@ -174,7 +179,8 @@ class Sokoban(Game):
             reward += rw.box_on_target
           elif nxt in self.targets and dest not in self.targets:
             reward += rw.box_off_target
-    reward += rw.lambda_pot * (rw.gamma * -box_distance(self.boxes, self.targets) - phi)
+    reward += potential_term(rw.shaping, rw.lambda_pot, rw.gamma, phi,
+                             -box_distance(self.boxes, self.targets), self.steps)
     self.steps += 1
     if self.solved:
       reward += rw.win
@@ -257,12 +263,22 @@ def _reverse_play(floor: frozenset[Cell], targets: frozenset[Cell], search_depth
 
 def generate(seed: int, *, height: int = 6, width: int = 6, num_boxes: int = 1,
              num_steps: int = 25, p_change: float = 0.35, search_depth: int = 200,
-             min_box_distance: int = 2, max_steps: int = 200, rewards: SokobanRewards = SokobanRewards()) -> Sokoban:
-  """The room of `seed` (same seed and sizes -> same room); solvable by construction."""
+             min_box_distance: int = 2, max_steps: int = 200,
+             rewards: SokobanRewards = SokobanRewards(), shaping: str | None = None) -> Sokoban:
+  """The room of `seed` (same seed and sizes -> same room); solvable by construction. `shaping`
+  overrides `rewards.shaping` (`games.base.SHAPINGS`)."""
+  if shaping is not None:
+    rewards = dataclasses.replace(rewards, shaping=shaping)
   rng = random.Random(check_seed(seed))
-  if height < 3 or width < 3 or num_boxes < 1:
-    raise ValueError(f"need a room of at least 3x3 and >= 1 box, got {height}x{width}, "
-                     f"{num_boxes} boxes")
+  check_int("height", height, 3, MAX_SIDE)
+  check_int("width", width, 3, MAX_SIDE)
+  check_int("num_boxes", num_boxes, 1, MAX_BOXES)
+  check_int("num_steps", num_steps, 1, MAX_STEPS)
+  check_int("search_depth", search_depth, 1, MAX_STEPS)
+  check_int("min_box_distance", min_box_distance, 0, 2 * MAX_SIDE)
+  check_int("max_steps", max_steps, 1, MAX_STEPS)
+  if not (isinstance(p_change, (int, float)) and 0.0 <= p_change <= 1.0):
+    raise ValueError(f"p_change={p_change!r}; expected a number in [0, 1]")
   for _ in range(_MAX_TRIES):
     floor = frozenset(_topology(rng, height, width, num_steps, p_change))
     if len(floor) < 2 * num_boxes + 1:

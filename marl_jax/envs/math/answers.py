@@ -53,7 +53,9 @@ _TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree")
 _THOUSANDS = re.compile(r"^-?\d{1,3}(,\d{3})+(\.\d+)?$")
 _UNITS = re.compile(r"^([^a-zA-Z\\]*\d[^a-zA-Z\\]*?)\s+[a-zA-Z]{2,}[a-zA-Z .]*$")  # "5 cm"
-_TEXT_UNIT = re.compile(r"\\(?:text|mbox|mathrm)\s*\{\s*[a-zA-Z][a-zA-Z .]*\}")  # "5\text{ m}"
+# A unit is the last thing of an answer ("5\text{ m}"), never a word between two values ("1
+# \text{ or } 2" is two answers) nor `\mathrm{e}` / `\mathrm{i}` (the constants, upright).
+_TEXT_UNIT = re.compile(r"\\(?:text|mbox|mathrm)\s*\{\s*(?![ei]\s*\})[a-zA-Z][a-zA-Z .]*\}\s*$")
 _LHS_VAR = re.compile(r"^[a-zA-Z](_\{?\w+\}?)?\s*=(?!=)")
 
 

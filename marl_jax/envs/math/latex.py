@@ -46,11 +46,16 @@ def check_deadline(deadline: float | None) -> None:
 _TOKEN = re.compile(r"\s*(?:(\d+\.?\d*|\.\d+)|(\\[a-zA-Z]+)|([a-zA-Z])|(\S))")
 
 
-def _tokenize(text: str) -> list[tuple[str, str]]:
-  tokens = []
+def _tokenize(text: str) -> tuple[list[tuple[str, str]], frozenset[int]]:
+  """The tokens, and the indices of the numbers written after a space: `1 2` (or `1 \\text{ or }
+  2` once the words are gone) is two answers, not the product 2, so such a number never starts an
+  implicit product (`2 x` and `x^23` still do: the space is before the letter, or there is none)."""
+  tokens, spaced = [], set()
   for match in _TOKEN.finditer(text):
     num, cmd, letter, other = match.groups()
     if num is not None:
+      if match.group(0)[0].isspace() and tokens:
+        spaced.add(len(tokens))
       tokens.append(("num", num))
     elif cmd is not None:
       tokens.append(("cmd", cmd[1:]))
@@ -58,15 +63,17 @@ def _tokenize(text: str) -> list[tuple[str, str]]:
       tokens.append(("var", letter))
     elif other is not None:
       tokens.append(("op", other))
-  return tokens
+  return tokens, frozenset(spaced)
 
 
 class _Parser:
   """expr := term (± term)*; term := unary ((* / \\cdot \\times \\div | implicit) unary)*;
   unary := ± unary | power; power := postfix (^ unary-group)?; postfix := atom !*."""
 
-  def __init__(self, tokens: list[tuple[str, str]], deadline: float | None = None):
+  def __init__(self, tokens: list[tuple[str, str]], spaced: frozenset[int] = frozenset(),
+               deadline: float | None = None):
     self.tokens = tokens
+    self.spaced = spaced
     self.pos = 0
     self.depth = 0
     self.deadline = deadline
@@ -119,7 +126,9 @@ class _Parser:
     if tok is None:
       return False
     kind, value = tok
-    if kind in ("num", "var"):
+    if kind == "num":
+      return self.pos not in self.spaced
+    if kind == "var":
       return True
     if kind == "cmd":
       return value in ("frac", "sqrt", "pi", "infty") or value in _FUNCS
@@ -285,7 +294,7 @@ def parse(s: str, deadline: float | None = None) -> Any | None:
 def _parse_one(text: str, deadline: float | None) -> Any:
   if not text:
     raise ParseError("empty")
-  parser = _Parser(_tokenize(text), deadline)
+  parser = _Parser(*_tokenize(text), deadline=deadline)
   value = parser.expr()
   if parser.peek() is not None:
     raise ParseError(f"trailing tokens from {parser.peek()}")

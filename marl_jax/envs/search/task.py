@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from marl_jax.envs.base import Task, Workflow
+from marl_jax.envs.base import Task, Workflow, check_int
 from marl_jax.envs.data import file_rows
 from marl_jax.envs.search import data as search_data
 from marl_jax.envs.search.env import AGENTS, FORMAT_PENALTY, Retriever, SearchEnv, route
@@ -39,7 +39,9 @@ def make_env(*, index: int | None = None, seed: int | None = None, num_people: i
   corpus_path= plus questions_path= and index=, or an inline question= dict."""
   if (seed is None) == (corpus_path is None):
     raise ValueError("give exactly one corpus: seed= (generated world) or corpus_path=")
+  check_int("max_steps", max_steps, 1, 100)
   if seed is not None:
+    check_int("num_people", num_people, 1, 1000)  # the generated world's size
     source: tuple[str, Any] = ("generated", (seed, num_people))
     pool = list(search_data.generate_world(seed, num_people)[1])
   else:

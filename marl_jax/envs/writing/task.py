@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from marl_jax.envs.base import Task, Workflow
+from marl_jax.envs.base import Task, Workflow, check_int
 from marl_jax.envs.data import file_rows
 from marl_jax.envs.writing import data as writing_data
 from marl_jax.envs.writing.env import WritingEnv
@@ -25,8 +25,7 @@ def make_env(*, task: str = "tldr", document: str | None = None, path: str | Non
   path="abstracts.jsonl", index=4)."""
   if sum(x is not None for x in (document, path, seed)) != 1:
     raise ValueError("give exactly one of document=, path= (+ index=), seed=")
-  if not isinstance(sentences, int) or sentences < 1:
-    raise ValueError(f"sentences={sentences!r}; expected an integer >= 1")
+  check_int("sentences", sentences, 1, 1000)
   if path is not None:
     if index is None:
       raise ValueError(f"path={path!r} needs index=")

@@ -60,3 +60,20 @@ def test_time_budget_counts_this_threads_work_not_waiting(monkeypatch):
   start = time.monotonic()
   assert math_answers.is_equiv("x^2+2x+1", "(x+1)^2")
   assert time.monotonic() - start > 0.2  # over the budget in wall-clock time
+
+
+@pytest.mark.parametrize("pred, gold", [
+    ("1 \\text{ or } 2", "2"), ("1 \\text{ or } 2", "1"), ("1 \\text{ and } 2", "2"),
+    ("1 \\mbox{or} 2", "2"), ("5\\mathrm{e}", "5"), ("5 \\mathrm{i}", "5"), ("1 2", "2"),
+    ("3 \\quad 4", "12"),
+])
+def test_two_answers_or_a_constant_are_not_accepted(pred, gold):
+  assert not math_answers.is_equiv(pred, gold)
+
+
+@pytest.mark.parametrize("pred, gold", [
+    ("5\\text{ cm}", "5"), ("5 \\mathrm{m}", "5"), ("12\\text{ meters}", "12"),
+    ("5\\mathrm{e}", "5e"), ("2\\pi", "2 \\pi"), ("x^23", "3x^2"), ("2 x", "2x"),
+])
+def test_units_constants_and_spacing_still_compare(pred, gold):
+  assert math_answers.is_equiv(pred, gold)

@@ -140,3 +140,21 @@ def test_writing_env_parallel_agents_share_the_reward(tmp_path):
   assert result.rewards == {"agent1": 0.0, "agent2": 0.0} and result.done and not env.solved
   with pytest.raises(ValueError, match="unknown writing task"):
     registry.make_env("writing", task="poetry", seed=1)
+
+
+# The README's "Fidelity" section: the TLDR reward (as the papers' code) reads only the two texts,
+# never the post, so one fixed pair takes its maximum on every post, an empty one included.
+FIXED_PAIR = ("Alpha beta gamma delta epsilon zeta eta theta.",
+              "Additionally, for example, in other words, because therefore however although "
+              "first indeed similarly if in summary alpha.")
+
+
+@pytest.mark.parametrize("post", ["", "My cat ate my homework; what do I tell the teacher?",
+                                  "x " * 300])
+def test_tldr_fixed_pair_takes_the_maximum_on_any_post(post):
+  env = writing.WritingEnv(post, "tldr")
+  env.step("agent1", FIXED_PAIR[0])
+  result = env.step("agent2", FIXED_PAIR[1])
+  # 0.5 + 1.0 + 0.5 + (0.4 * min(1, 0.4 + 0.05 * 11) + 0.6): 12 categories give T = 0.95.
+  assert result.rewards == {"agent1": pytest.approx(2.98), "agent2": pytest.approx(2.98)}
+  assert env.solved

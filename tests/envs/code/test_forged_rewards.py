@@ -1,0 +1,106 @@
+"""Rewards a policy could forge through the judge's namespace or its output comparison.
+
+Each forger below is a wrong program plus a trick; it must score exactly what the same wrong
+program scores without the trick (the honest wrong answer), while a right program still passes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from marl_jax.envs.code import data as code_data
+from marl_jax.envs.code import harness as code_harness
+from marl_jax.envs.code import magrpo as code_magrpo
+from marl_jax.envs.code.env import CodeEnv, CodeProblem
+
+FAST = code_harness.ExecLimits(case_timeout_s=1.0, load_timeout_s=2.0, total_timeout_s=12.0,
+                               memory_mb=256)
+TRUNCATE = CodeProblem.from_dict(code_data.humaneval()[2])  # tests call abs(candidate(x) - y)
+
+
+def _ratio(problem: CodeProblem, code: str) -> float:
+  return code_harness.run_tests([problem.job(code)], FAST)[0].ratio
+
+
+def test_shadowed_abs_scores_like_the_honest_wrong_answer():
+  wrong = "def truncate_number(number):\n    return 0.5\n"
+  assert _ratio(TRUNCATE, wrong) == pytest.approx(1 / 3)
+  assert _ratio(TRUNCATE, "def abs(x):\n    return 0\n" + wrong) == pytest.approx(1 / 3)
+  assert _ratio(TRUNCATE, "def truncate_number(number):\n    return number % 1.0\n") == 1.0
+
+
+_DEDUPE_TESTS = ["assert sorted(f([3, 1, 3])) == [1, 3]", "assert len(f([2, 2, 2])) == 1",
+                 "assert set(f([5, 4, 5])) == {4, 5}", "assert f([1, 2]) == list(range(1, 3))",
+                 "assert len(f([1, 1, 1])) == 1"]
+_SHADOWS = ("def sorted(x):\n    return [1, 3]\ndef len(x):\n    return 1\n"
+            "def set(x):\n    return {4, 5}\ndef range(*a):\n    return []\n")
+
+
+@pytest.mark.parametrize("entry_point", ["f", None], ids=["humaneval_like", "mbpp_like"])
+def test_shadowed_builtins_in_the_tests_give_nothing(entry_point):
+  problem = CodeProblem.from_dict({"question": "dedupe and sort", "style": "function",
+                                   "entry_point": entry_point, "prompt": "def f(xs):\n    pass\n",
+                                   "tests": _DEDUPE_TESTS})
+  wrong = "def f(xs):\n    return []\n"
+  assert _ratio(problem, wrong) == 0.0
+  assert _ratio(problem, _SHADOWS + wrong) == 0.0
+  assert _ratio(problem, "def f(xs):\n    return sorted(set(xs))\n") == 1.0
+
+
+def test_magrpo_default_argument_walrus_gives_nothing():
+  problem = TRUNCATE
+  main = "```python\ndef truncate_number(number):\n    return aux(number) * 1.0\n```"
+  honest = code_magrpo.aux_main_reward("```python\ndef aux(number):\n    return 0.5\n```", main,
+                                       problem, FAST)
+  forged = code_magrpo.aux_main_reward(
+      "```python\ndef aux(number, _s=(abs := lambda v: 0)):\n    return 0.5\n```", main, problem,
+      FAST)
+  assert honest.total == pytest.approx(0.4 + 0.6 + 0.5 + 1 / 3 + 0.5 + 1.0)
+  assert forged.total == pytest.approx(honest.total)
+
+
+def test_stop_iteration_from_the_candidate_does_not_end_the_tests_loop():
+  # `all(map(candidate, xs))`: a StopIteration raised by the candidate would end map() early and
+  # make all() of nothing True.
+  problem = CodeProblem.from_dict({"question": "q", "style": "function", "entry_point": "f",
+                                   "prompt": "def f(x):\n    pass\n",
+                                   "tests": ["assert all(map(f, [1, 2, 3]))"]})
+  assert _ratio(problem, "def f(x):\n    raise StopIteration\n") == 0.0
+  assert _ratio(problem, "def f(x):\n    return x > 0\n") == 1.0
+
+
+def _numeric_stdio_problems() -> list[CodeProblem]:
+  problems = [code_data.stdio_problem(seed) for seed in range(20)]
+  numeric = [p for p in problems if all(t["output"].strip().lstrip("-").isdigit()
+                                        for t in p["tests"])]
+  return [CodeProblem.from_dict(p) for p in numeric[:6]]
+
+
+@pytest.mark.parametrize("token", ["nan", "inf", "-inf", "NaN", "1e999"])
+def test_non_finite_output_matches_no_number(token):
+  problems = _numeric_stdio_problems()
+  assert len(problems) == 6
+  reports = code_harness.run_tests([p.job(f"print({token!r})") for p in problems], FAST)
+  assert [r.passed for r in reports] == [0] * 6
+  honest = code_harness.run_tests([p.job(p.solution) for p in problems], FAST)
+  assert all(r.all_passed for r in honest)
+
+
+def test_tester_expecting_nan_is_not_paid_for_a_wrong_program():
+  problem = CodeProblem.from_dict({
+      "question": "sum", "style": "stdio",
+      "tests": [{"input": "1 2", "output": "3"}, {"input": "-5 5", "output": "0"}]})
+  env = CodeEnv(problem, workflow="atgrpo", limits=FAST)
+  env.step("coder", "```python\nprint(7)\n```")
+  pair = "**Test Input:**\n```\n{}\n```\n**Test Output:**\n```\n{}\n```\n"
+  result = env.step("tester", pair.format("1 1", "nan") + pair.format("2 2", "nan"))
+  assert result.rewards == {"tester": 0.0}
+
+
+def test_same_compares_exact_text_or_finite_numbers():
+  judge = {}
+  exec(code_harness._JUDGE_COMPARE, judge)
+  same = judge["_same"]
+  assert same("3\n", "3") and same("0.1000000001", "0.1") and same("Infinity", "Infinity")
+  assert not same("nan", "5") and not same("inf", "1e999") and not same("nan", "NaN")
+  assert not same("0.2", "0.1") and not same("1 2", "1")
