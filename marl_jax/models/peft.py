@@ -47,7 +47,8 @@ def adapter_tensors(lora_params: Any, policy: int) -> dict[str, np.ndarray]:
     for name, ab in modules.items():
       if MODULE_GROUPS.get(name) != group:
         raise ValueError(f"LoRA module {group}/{name}; expected one of {MODULE_GROUPS}")
-      a, b = np.asarray(ab["a"][:, policy]), np.asarray(ab["b"][:, policy])  # [L, in, r], [L, r, out]
+      a = np.asarray(ab["a"][:, policy])  # [L, in, r]
+      b = np.asarray(ab["b"][:, policy])  # [L, r, out]
       for i in range(a.shape[0]):
         stem = f"{_PREFIX}.{i}.{group}.{name}"
         tensors[f"{stem}.lora_A.weight"] = np.ascontiguousarray(a[i].T)

@@ -27,6 +27,7 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noqa: E402
 
 import toy_task  # noqa: E402
+from experiments import export_check  # noqa: E402
 from marl_jax.training import export, trainer  # noqa: E402
 from marl_jax.training import lm_eval_model  # noqa: E402
 
@@ -178,3 +179,18 @@ def test_harness_command_runs_the_registered_model(setup):
                        env=env, capture_output=True, text=True, timeout=600, check=False)
   assert run.returncode == 0, run.stderr[-2000:]
   assert "|tiny_mc" in run.stdout and "acc" in run.stdout
+
+
+def test_export_check_finds_the_export_and_the_run_agree(setup):
+  """`experiments.export_check`: the run's logits against the export's in transformers, and the
+  marl_jax lm-eval model against lm-eval's own `hf` model on the export, within the bounds."""
+  workdir, path, _, _, _ = setup
+  records = {r["what"]: r for r in export_check.compare(workdir, os.path.dirname(path))}
+  eps_logit = 20 * math.sqrt(128) * float(np.finfo(np.float32).eps)
+  logits = records["logits"]
+  assert logits["policy"] == "writer" and logits["max_abs_logit"] > 1.0
+  assert logits["max_abs_diff"] <= eps_logit * logits["max_abs_logit"]
+  longest = max(len(c) for _, c in export_check.PAIRS)  # characters bound the tokens scored
+  ll = records["loglikelihood"]
+  assert ll["max_abs_diff"] <= 2 * longest * eps_logit * logits["max_abs_logit"] * 2
+  assert ll["greedy_agree"] == ll["pairs"] == len(export_check.PAIRS)
