@@ -8,6 +8,10 @@ mas_grpo (the team under plain GRPO). Defaults are the paper's: Qwen3-1.7B (pass
 replies, lr 1e-6 constant, clip 0.2/0.2, dual-clip 3, token-mean loss, grad clip 1.0, weight decay
 0.01, lowest-mean 50% group filtering, local + team reward (alpha 1).
 
+Grading: math-verify, as PettingLLMs' math agents grade (`env.kwargs.grader='math_verify'`, in a
+bounded worker process: marl_jax/envs/math/grading.py); `--config.env.kwargs.grader=builtin` grades
+with the project's own checker instead.
+
 Data: generated arithmetic word problems unless a local file is given, e.g. POLARIS-53K for
 training: `--config.env.kwargs.path=polaris.jsonl [--config.env.kwargs.fmt=plain]` (formats:
 auto, gsm8k, math, plain); problem seed s is row s % rows. `cpu`: the embedded SmolLM2-135M,
@@ -23,4 +27,5 @@ from configs.common import MATH_DATA, data_fields
 def get_config(preset: str | None = None):
   c = task_config("math", "atgrpo", max_turns=4, preset=preset)
   data_fields(c, **MATH_DATA)
+  c.env.kwargs.grader = "math_verify"
   return c

@@ -8,7 +8,10 @@ tag/route parsing and env step. Steps that run sandboxed programs start processe
 reply on 2 cores: most replies hold no runnable code), so their count is its own flag,
 `--sandboxed`, and they count as hung only past their programs' own time limits (two harness runs
 of `_FAST` plus a second) rather than `--hang_s`: a reply whose program loops forever takes its
-0.5 s case limit per test by design.
+0.5 s case limit per test by design. The math-verify targets grade in a worker process
+(`envs/math/grading.py`) that enforces its own bound, so they count as hung only past it
+(`grading.WALL_LIMIT_S`, plus a second for the replacement worker's start); their memory is the
+worker's, capped there (`grading.MEMORY_MB`), not traced here.
 
   python -m experiments.fuzz_envs --replies=10000 --sandboxed=10000 --out=fuzz.json  # ~16 min
 
@@ -32,7 +35,7 @@ from marl_jax.workflows import registry
 from marl_jax.envs.code import env as code_env
 from marl_jax.envs.code import harness
 from marl_jax.envs.code import magrpo
-from marl_jax.envs.math import answers
+from marl_jax.envs.math import answers, grading
 from marl_jax.envs.search import env as search_env
 from marl_jax.envs.writing import env as writing_env
 
@@ -105,6 +108,9 @@ def targets() -> dict[str, tuple[Callable[[str], Any], bool]]:
   """name -> (call on one reply, whether it runs sandboxed programs)."""
   games = {name: registry.make_env(name, seed=0) for name in ("plan_path", "sokoban", "sudoku")}
   math_env = registry.make_env("math", problem={"question": "1+1?", "answer": "2"})
+  verified_env = registry.make_env("math", problem={"question": "1+1?", "answer": "2"},
+                                   grader="math_verify")
+  math_verify = grading.default_math_verify().equivalent
   search = registry.make_env("search", seed=0, index=0)
   writing = registry.make_env("writing", seed=0)
   out: dict[str, tuple[Callable[[str], Any], bool]] = {
@@ -116,6 +122,9 @@ def targets() -> dict[str, tuple[Callable[[str], Any], bool]]:
       "math.is_equiv_raw": (lambda r: answers.is_equiv(r, "\\frac{1}{2}"), False),
       "math.program_answer": (lambda r: answers.is_equiv(answers.program_answer(r), "2"), False),
       "math.env_steps": (_step_all(math_env.clone), False),
+      "math.math_verify.last_boxed": (lambda r: math_verify(answers.last_boxed(r), "2"), False),
+      "math.math_verify.raw": (lambda r: math_verify(r, "\\frac{1}{2}"), False),
+      "math.math_verify.env_steps": (_step_all(verified_env.clone), False),
       "code.parse_generated_tests": (
           lambda r: (code_env.parse_generated_tests(r, "function"),
                      code_env.parse_generated_tests(r, "stdio")), False),
@@ -196,6 +205,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
       continue
     count = args.sandboxed if sandboxed else args.replies
     hang_s = 2 * _FAST.total_timeout_s + 1.0 if sandboxed else args.hang_s
+    if name.startswith("math.math_verify."):
+      hang_s = max(hang_s, grading.WALL_LIMIT_S + 1.0)
     report[name] = fuzz(name, call, count, args.seed, hang_s)
     print(json.dumps({name: {k: v for k, v in report[name].items() if k != "examples"}}),
           file=sys.stderr, flush=True)

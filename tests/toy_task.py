@@ -46,6 +46,41 @@ def make_env(*, seed: int) -> VowelEnv:
   return VowelEnv(seed)
 
 
+PAIR = "toy_vowel_pair"
+
+
+class PairEnv:
+  """Two agents, one turn each, rewarded with their reply's vowel fraction: a team whose
+  agents' rewards move, for per-role layouts (one policy per agent)."""
+  agents = ("first", "second")
+
+  def __init__(self, seed: int, turn: int = 0):
+    self.seed, self.turn = seed, turn
+
+  done = property(lambda self: self.turn >= 2)
+  solved = property(lambda self: False)
+
+  def clone(self):
+    return PairEnv(self.seed, self.turn)
+
+  def observe(self, agent):
+    return envs_base.Observation(agent, 0, f"You are {agent}.", f"Vowels ({self.seed}).")
+
+  def step(self, agent, response):
+    text = response or ""
+    self.turn += 1
+    reward = sum(ch in "aeiouAEIOU" for ch in text) / max(len(text), 1)
+    return envs_base.StepResult(agent, None, {agent: reward}, self.done, {})
+
+
+def register_pair() -> None:
+  """Registers the pair env and its one-turn workflow 'mas' (replacing an earlier call's)."""
+  registry.register(PAIR, envs_base.Task(
+      lambda *, seed: PairEnv(seed),
+      {"mas": envs_base.Workflow(("first", "second"), max_turns=1, fixed_turns=True)},
+      lambda v, t, seed: dict(seed=seed)), replace=True)
+
+
 def register() -> None:
   """Registers the toy env, its one-turn workflow and its replayer (replacing an earlier call's)."""
   registry.register(NAME, envs_base.Task(

@@ -239,6 +239,20 @@ class Checkpointer:
       raise FileNotFoundError(f"no checkpoint of step {step} in {self.directory}; have {steps}")
     return self._restore_verified(step, target)
 
+  def restore_on_one_device(self, step: int) -> Restored:
+    """Restores step `step` onto this process's first device, whatever devices saved it (a run
+    trained on a mesh, exported or inspected on one host): the target is the checkpoint's own
+    tree of shapes and dtypes (dicts and lists; typed keys come back as key data). Checksums are
+    verified as in `restore`."""
+    steps = self.all_steps()
+    if step not in steps:
+      raise FileNotFoundError(f"no checkpoint of step {step} in {self.directory}; have {steps}")
+    saved = ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / "state").tree
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                          saved, is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"))
+    return self._restore_verified(step, target)
+
   def restore_or_init(self, state: PyTree, host_state: Mapping[str, Any]) -> Restored:
     """Resumes from the newest intact checkpoint if there is one, else returns the given initial
     values.

@@ -44,6 +44,13 @@ def success_metrics(result: RolloutResult, num_problems: int, k: int,
   return out
 
 
+def answer_grader(problem: Problem) -> dict[str, str]:
+  """{"grader": name} when the problem's env grades answers with a named grader (the math envs:
+  `envs/math/grading.py`), so an evaluation says how its accuracy was graded; {} otherwise."""
+  grader = getattr(problem.make(), "grader", None)
+  return {} if grader is None else {"grader": grader}
+
+
 def evaluate(problems: Sequence[Problem], spec: WorkflowSpec, generate: Generate, params: Any,
              *, k: int, rollout_cfg: RolloutConfig, trace_path: str | os.PathLike | None = None
              ) -> dict[str, float]:

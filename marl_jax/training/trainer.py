@@ -489,7 +489,9 @@ def evaluate_checkpoint(c: ml_collections.ConfigDict, workdir: str, step: int | 
   elif c.sft.steps:
     warm_start = run.warm_start()
   step = step or 0
-  result = {"config": c.name, "step": step, **warm_start, **run.evaluate(step, split or "eval")}
+  result = {"config": c.name, "step": step,
+            **evaluation.answer_grader(problems(c, c.eval.seed_offset, 1, for_eval=True)[0]),
+            **warm_start, **run.evaluate(step, split or "eval")}
   eval_results.write(workdir, step, split, result)
   return result
 

@@ -27,6 +27,7 @@ def test_evaluates_a_named_split_from_its_own_file(tmp_path):
   workdir = tmp_path / "run"
   result = trainer.evaluate_checkpoint(c, str(workdir), None, "test")
   assert result["step"] == 0 and set(result) >= {"test/accuracy", "test/pass@2"}
+  assert result["grader"] == "builtin"  # Dr. MAS's code grades with its own checker
   assert json.loads((workdir / "eval" / "test_step0.json").read_text()) == result
   traces = store.load_traces(workdir / "traces" / "test_step0.jsonl")
   assert len(traces) == 3 * c.eval.k  # every row of the test file, k episodes each

@@ -16,38 +16,11 @@ import torch
 import transformers
 
 import toy_task
-from marl_jax.envs import base as envs_base
 from marl_jax.models.loading import load_model
 from marl_jax.training import config as config_lib
 from marl_jax.training import trainer
-from marl_jax.workflows import registry
 
 pytestmark = pytest.mark.usefixtures("shared_compiles")  # conftest
-
-PAIR = "toy_kl_pair"
-
-
-class PairEnv:
-  """Two agents, one turn each, rewarded with their reply's vowel fraction."""
-  agents = ("first", "second")
-
-  def __init__(self, seed: int, turn: int = 0):
-    self.seed, self.turn = seed, turn
-
-  done = property(lambda self: self.turn >= 2)
-  solved = property(lambda self: False)
-
-  def clone(self):
-    return PairEnv(self.seed, self.turn)
-
-  def observe(self, agent):
-    return envs_base.Observation(agent, 0, f"You are {agent}.", f"Vowels ({self.seed}).")
-
-  def step(self, agent, response):
-    text = response or ""
-    self.turn += 1
-    reward = sum(ch in "aeiouAEIOU" for ch in text) / max(len(text), 1)
-    return envs_base.StepResult(agent, None, {agent: reward}, self.done, {})
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +28,7 @@ def model_dir(tmp_path_factory):
   path = str(tmp_path_factory.mktemp("tiny_model"))
   toy_task.write_tiny_model(path)
   toy_task.register()
-  registry.register(PAIR, envs_base.Task(
-      lambda *, seed: PairEnv(seed),
-      {"mas": envs_base.Workflow(("first", "second"), max_turns=1, fixed_turns=True)},
-      lambda v, t, seed: dict(seed=seed)), replace=True)
+  toy_task.register_pair()
   return path
 
 
@@ -67,7 +37,7 @@ def _config(model_dir: str, kind: str, estimator: str):
   c.loss.kl_coef, c.loss.kl_estimator = 0.5, estimator
   c.eval.at_start = False
   if kind != "shared":
-    c.env.name, c.env.workflow = PAIR, "mas"
+    c.env.name, c.env.workflow = toy_task.PAIR, "mas"
     c.policy.kind, c.policy.per_role = kind, True
   return c
 

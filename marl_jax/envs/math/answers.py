@@ -12,8 +12,10 @@ nesting depth, exponents, factorials and the size of every power's result are bo
 `(9^{9999})^{9999}` is refused before sympy computes it, whether numeric or symbolic), free
 variables are evaluated in floating point (no exact rationals of millions of digits), and each
 `is_equiv` call has a time budget (`CHECK_BUDGET_S`) checked between steps, after which it answers
-False. math-verify (PyPI) was not adopted: its time limit is a SIGALRM, valid only in the main
-thread, and it would need the same bounds around sympy; this parser is small and bounded. It covers integers, decimals
+False. It is the 'builtin' grader of `grading.py`, which also offers math-verify (in a bounded
+worker process) for the configs whose paper grades with it; extraction (`last_boxed`,
+`program_answer`, `gsm8k_answer`) and the substitution check (`satisfies`) are this module's under
+either grader. It covers integers, decimals
 (kept exact as rationals), `a/b`, `\\frac` (also `\\dfrac`, `\\tfrac`, `\\frac12`), `\\sqrt{}`,
 `\\sqrt[n]{}`, `^`, `\\cdot`, `\\times`, `\\div`, implicit products (`2\\pi`, `3x`), `\\pi`, `e`,
 `i`, `\\infty`, `!`, `|x|`, common functions (`\\sin`, `\\log`, ...), one-letter variables,

@@ -1,6 +1,7 @@
 """Math environments of AT-GRPO, Dr. MAS and MARFT (PAPERS.md sections 1, 2, 4), one problem each.
 
-All share a problem {"question", "answer"} and `math_answers.is_equiv`; rewards are additive
+All share a problem {"question", "answer"} and its grader (`grading.py`: the project's checker
+or math-verify, chosen per config as the paper's code grades); rewards are additive
 agent-keyed contributions (envs/base.py); the team reward the engine attaches when an episode ends
 is `solved` (1/0), which the estimators mix in as `alpha * team + local`.
 
@@ -56,8 +57,8 @@ is `solved` (1/0), which the estimators mix in as `alpha * team + local`.
           name) delegates to 'stepwise', with the format penalty. Rewards as 'spawn'.
 'spawn_vote', 'delegate_vote'  those teams with the aggregation fixed, the baseline a learned
           aggregator is compared with on its own checkpoint: the team's answer is the workers'
-          plurality answer (`plurality`: answers compared with `is_equiv`; a tie goes to the
-          answer given first). The aggregator still replies to what it is shown, but its reply is
+          plurality answer (`plurality`: answers compared with the problem's grader; a tie goes
+          to the answer given first). The aggregator still replies to what it is shown, but its reply is
           not read (no format penalty; `aggregation_bonus` is refused).
 'spawn_checked'  'spawn' with the aggregation fixed to a verified pick, for problems that carry a
           check (level 'equation': an equation in x the answer satisfies): the team's answer is
@@ -79,9 +80,11 @@ import fractions
 import hashlib
 import re
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from marl_jax.envs.math import answers as math_answers
+from marl_jax.envs.math import grading
 from marl_jax.envs.math.data import format_number
 from marl_jax.envs.actions import extract_code
 from marl_jax.envs.base import Observation, StepResult, truncate
@@ -170,9 +173,14 @@ class MathProblem:
   answer: str
   solution: str = ""  # worked steps, when the source has them (generated problems do)
   check: str = ""  # an equation in x the answer satisfies (level "equation"), "" when none
+  grader: str = "builtin"  # `grading.GRADERS`: how every answer of this problem is compared
 
   def correct(self, predicted: str | None) -> bool:
-    return math_answers.is_equiv(predicted, self.answer)
+    return self.equivalent(predicted, self.answer)
+
+  def equivalent(self, predicted: str | None, reference: str) -> bool:
+    """Whether two answers agree under the problem's grader (`reference` in the gold role)."""
+    return grading.equivalent(self.grader, predicted, reference)
 
   def verifies(self, candidate: str | None) -> bool:
     """Whether `candidate` passes the problem's check by substitution (`answers.satisfies`):
@@ -270,14 +278,15 @@ def delegates(response: str) -> tuple[str, ...]:
   return delegated(response) or tuple(SPECIALISTS)[:1]
 
 
-def plurality(answers: list[str | None]) -> str | None:
-  """The most common answer (answers equal under `is_equiv` count together), the one given
-  first on a tie; None when no answer was given."""
+def plurality(answers: list[str | None],
+              same: Callable[[str, str], bool] = math_answers.is_equiv) -> str | None:
+  """The most common answer (answers equal under `same`, the problem's grader, count
+  together), the one given first on a tie; None when no answer was given."""
   votes: list[list] = []  # [first answer of an equivalence class, count], in order of appearance
   for answer in answers:
     if answer is None:
       continue
-    seen = next((v for v in votes if math_answers.is_equiv(answer, v[0])), None)
+    seen = next((v for v in votes if same(answer, v[0])), None)
     if seen is None:
       votes.append([answer, 1])
     else:
@@ -312,6 +321,11 @@ class _MathEnv:
   @property
   def solved(self) -> bool:
     return self.final_correct
+
+  @property
+  def grader(self) -> str:
+    """The answer grader this env's rewards use (evaluation reports it)."""
+    return self.problem.grader
 
   def clone(self) -> Any:
     return copy.copy(self)
@@ -370,7 +384,7 @@ class ATGRPOMathEnv(_MathEnv):
     self.reasoner_answer = math_answers.last_boxed(response)
     self.final_correct = self.problem.correct(self.reasoner_answer)
     agree = (self.tool_answer is not None
-             and math_answers.is_equiv(self.reasoner_answer, self.tool_answer))
+             and self.problem.equivalent(self.reasoner_answer, self.tool_answer))
     self.finished = agree
     self.turn += 1
     return StepResult(agent, None, {"reasoner": float(self.final_correct)}, self.done,
@@ -591,7 +605,7 @@ class CheckedStopMathEnv(LearnedStopMathEnv):
                        f"got {type(tool_output).__name__}")
     code = extract_code(response) or ""
     self.check = math_answers.program_answer(tool_output) if code else None
-    self.match = self.check is not None and math_answers.is_equiv(self.answer, self.check)
+    self.match = self.check is not None and self.problem.equivalent(self.answer, self.check)
     self.review = (f"```python\n{truncate(code.strip(), 1000)}\n```\nThe program printed: "
                    f"{truncate(str(self.check), 200)}. The proposed answer {self.answer} "
                    f"{'matches' if self.match else 'does not match'} it.")
@@ -693,7 +707,8 @@ class SpawnMathEnv(_MathEnv):
     if self.pick != "learned":
       answers = [self.answers.get(w) for w in self.spawned]
       passing = [a for a in answers if self.problem.verifies(a)] if self.pick == "check" else []
-      answer, invalid = (passing[0] if passing else plurality(answers)), False
+      answer = passing[0] if passing else plurality(answers, self.problem.equivalent)
+      invalid = False
     else:
       answer = math_answers.last_boxed(response)
       invalid = answer is None

@@ -10,6 +10,7 @@ from typing import Any
 from marl_jax.envs.base import Task, Workflow
 from marl_jax.envs.data import file_rows
 from marl_jax.envs.math import data as math_data
+from marl_jax.envs.math import grading
 from marl_jax.envs.math.env import (ATGRPOMathEnv, CheckedStopMathEnv, DelegateMathEnv,
                                     DrMASMathEnv, LearnedStopMathEnv, MARFTMathEnv, MathProblem,
                                     SingleMathEnv, SpawnMathEnv, _MathEnv, approves, delegates,
@@ -56,9 +57,11 @@ WORKFLOWS = {
 
 def load_problem(problem: dict[str, Any] | None = None, *, path: str | None = None,
                  fmt: str = "auto", index: int | None = None, seed: int | None = None,
-                 level: str | None = None) -> MathProblem:
+                 level: str | None = None, grader: str = "builtin") -> MathProblem:
   """Exactly one source: a {"question", "answer"} dict, a file row (path, fmt, index) or a
-  generated arithmetic word problem (seed, and its `level`, `data.LEVELS`)."""
+  generated arithmetic word problem (seed, and its `level`, `data.LEVELS`); `grader` compares
+  its answers (`grading.GRADERS`)."""
+  grading.check_grader(grader)
   if sum(x is not None for x in (problem, path, seed)) != 1:
     raise ValueError("give exactly one of problem=, path= (+ index=), seed=")
   if level is not None and seed is None:
@@ -74,7 +77,7 @@ def load_problem(problem: dict[str, Any] | None = None, *, path: str | None = No
     raise ValueError(f"a math problem needs 'question' (str) and 'answer'; got keys "
                      f"{sorted(problem)}")
   return MathProblem(problem["question"], str(problem["answer"]), problem.get("solution", ""),
-                     problem.get("check", ""))
+                     problem.get("check", ""), grader)
 
 
 def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,
@@ -89,7 +92,8 @@ def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,
   the coordinator's decisions (learned_stop and its fixed-exit variants only); `spawn_cost` each
   spawned solver, `latency_cost` the longest solver reply and `aggregation_bonus` rewards an
   aggregate that kept a right answer (spawn, delegate and their fixed-pick variants, which
-  refuse the bonus); refused elsewhere when set."""
+  refuse the bonus); refused elsewhere when set. `grader` ('builtin' or 'math_verify',
+  `grading.py`) compares every answer (a `load_problem` kwarg, passed through `source`)."""
   if workflow not in WORKFLOWS:
     raise ValueError(f"unknown math workflow {workflow!r}; expected one of {list(WORKFLOWS)}")
   checked = {"learned_stop_checked": "learned", "stop_by_check": "check",
