@@ -58,7 +58,6 @@ def game_config(env_name: str, env_kwargs: dict, max_turns: int, variant: str,
   c.env.max_turns = max_turns
   c.env.workflow = "single" if variant in ("single", "sa_grpo") else "mas"
   c.policy.kind = {"mas_lora": "lora", "mas_full": "stacked"}.get(variant, "shared")
-  c.policy.per_role = variant in ("mas_lora", "mas_full")
   c.lora.rank, c.lora.alpha = 16, 32.0
   c.rollout.mode = "tree"
   c.algo.estimator, c.algo.filter = "at_grpo", "lowest_mean"

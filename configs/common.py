@@ -41,14 +41,13 @@ def apply_models(c: ml_collections.ConfigDict, models: str) -> None:
   if models not in MODELS:
     raise ValueError(f"unknown team models {models!r}; expected one of {list(MODELS)}")
   c.policy.kind = {"shared": "shared", "lora": "lora", "full": "stacked"}[models]
-  c.policy.per_role = models != "shared"
 
 
 def apply_team(c: ml_collections.ConfigDict, models: str, hetero: tuple[str, ...]) -> None:
   """Sets config.policy for one of MODELS or "hetero": a mapped team, one model per agent
   (`hetero`, in agent order), each with its own architecture and tokenizer."""
   if models == "hetero":
-    c.policy.kind, c.policy.per_role, c.policy.models = "mapped", True, hetero
+    c.policy.kind, c.policy.models = "mapped", hetero
   else:
     apply_models(c, models)
 

@@ -292,7 +292,7 @@ def _check_presets(columns: tuple[Column, ...], rows: tuple[str, ...],
 def _run_cell(table: Table, column: Column, row: str, seed: int, path: str,
               options: tuple[str, ...]) -> None:
   """Trains (once per workdir) and evaluates one cell at cpu scale."""
-  from marl_jax.training import trainer
+  from marl_jax.training import evaluation, trainer
   from marl_jax.training.checkpoint import saved_steps
   config = _module(column.config).get_config(cpu_preset(row, options))
   config.seed = seed
@@ -301,7 +301,7 @@ def _run_cell(table: Table, column: Column, row: str, seed: int, path: str,
   if row not in table.eval_only and not (os.path.isdir(path) and
                                          config.train.steps in saved_steps(path)):
     trainer.train(config, path)
-  trainer.evaluate_checkpoint(config, path, None, column.split)
+  evaluation.evaluate_checkpoint(config, path, None, column.split)
 
 
 def _selected(name: str, values: list[str] | None, allowed: tuple[str, ...]) -> tuple[str, ...]:

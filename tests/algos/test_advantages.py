@@ -483,7 +483,12 @@ def test_unknown_names_raise_clear_errors():
     (dict(estimator="grpo", baseline="max"), "applies to magrpo only"),
     (dict(filter_fraction=1.0), r"filter_fraction must be in \[0, 1\)"),
     (dict(std_ddof=2), "std_ddof must be 0 or 1"),
-    (dict(gamma=1.5), r"gamma must be in \[0, 1\]"),
+    (dict(estimator="magrpo", gamma=1.5), r"gamma must be in \[0, 1\]"),
+    # Fields an estimator never reads are refused, as an inapplicable baseline is.
+    (dict(estimator="grpo", gamma=0.9),
+     r"gamma applies to \['magrpo', 'gae_action', 'gae_token'\], not 'grpo'"),
+    (dict(estimator="magrpo", lam=0.9),
+     r"lam applies to \['gae_action', 'gae_token'\], not 'magrpo'"),
     (dict(clamp=0.0), "clamp must be > 0"),
 ])
 def test_inconsistent_options_raise(kwargs, match):

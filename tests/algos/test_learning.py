@@ -24,9 +24,10 @@ from marl_jax.algos.losses import LossConfig
 from marl_jax.algos.optim import OptimConfig
 from marl_jax.models import decoder, lora
 from marl_jax.models.config import get_preset
-from marl_jax.parallel import policies
+from marl_jax.parallel import policies, update
 from marl_jax.parallel.mesh import make_mesh
-from marl_jax.parallel.train_step import TrainConfig, make_train_step
+from marl_jax.parallel.train_config import TrainConfig
+from marl_jax.parallel.train_step import make_train_step
 from host import FAST_COMPILE, cpu_devices
 
 MODEL = get_preset("tiny-llama").replace(vocab_size=16)  # chance of a target token: 1/16
@@ -119,7 +120,7 @@ def test_every_estimator_learns(estimator):
     rewards.append(reward)
     if reward >= GOAL:
       break
-    state, metrics = fns.step(state, frozen, batch)
+    state, metrics = update.run(fns, cfg, state, frozen, batch, np.random.default_rng(step))
     assert metrics["finite"], (estimator, step)
   assert rewards[0] < 0.2, rewards  # starts near chance (1/16)
   assert rewards[-1] >= GOAL, f"{estimator}: mean reward {np.round(rewards, 2)}"

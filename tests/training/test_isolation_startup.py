@@ -6,7 +6,7 @@ import pytest
 
 import toy_task
 from marl_jax.sandbox import runner as sandbox
-from marl_jax.training import trainer
+from marl_jax.training import setup, trainer
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def no_bwrap(monkeypatch):
     cache.cache_clear()
   monkeypatch.setattr(sandbox, "_bwrap_works", lambda binary: False)
   loads = []
-  monkeypatch.setattr(trainer, "load_team",
+  monkeypatch.setattr(setup, "load_team",
                       lambda *a, **k: loads.append(1) or pytest.fail("loaded"))
   yield loads
   for cache in caches:

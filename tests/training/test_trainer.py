@@ -94,7 +94,7 @@ def test_end_to_end_outputs(model_dir, tmp_path):
     ("algo.estimator", "remax", "needs greedy baseline samples .* which no rollout produces"),
     ("env.name", "chess", "config.env.name='chess'"),
     ("env.workflow", "mas", "unknown workflow 'mas' for environment 'toy_vowels'"),
-    ("policy.kind", "lora", "needs one policy per role"),
+    ("policy.kind", "lora", "gives every role its own policy, .* expected kind='shared'"),
     ("rollout.k", 0, "config.rollout.k=0"),
     ("model", "/no/such/model", "neither a known preset"),
     ("eval.top_p", 1.5, r"config.eval.top_p=1.5; expected a number in \(0, 1\]"),
