@@ -380,7 +380,7 @@ def _check_workdir(c, workdir, summary) -> list[dict]:
   assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()
                 if p.name.isdigit()) == [1, 2]
   trace_path = workdir / "traces" / "eval_step2.jsonl"
-  traces = store.load_traces(trace_path)
+  traces = [t for _, t in store.iter_traces(trace_path)]
   content = store.read_content(trace_path)
   assert len(traces) == c.eval.num_problems * c.eval.k
   for t in traces:
