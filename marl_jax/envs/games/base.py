@@ -123,10 +123,6 @@ class Game(abc.ABC):
     The search is real (the program holds the state, not the answer)."""
     return None
 
-  @abc.abstractmethod
-  def instance_key(self) -> str:
-    """Identity of the generated instance (not of the current state), for determinism checks."""
-
   def step(self, actions: Sequence[Any] | None) -> MoveOutcome:
     """Apply coerced moves in order until the game ends; None (parse failure) costs the format
     penalty and leaves the state unchanged."""

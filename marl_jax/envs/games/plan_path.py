@@ -184,9 +184,6 @@ class PlanPath(Game):
             "            seen.add(n)\n"
             "            queue.append((n, path + [m]))\n")
 
-  def instance_key(self) -> str:
-    return f"{'/'.join(self.rows)}|{self.start}|{self.goal}"
-
 
 def generate(seed: int, *, height: int = 10, width: int = 10, block_ratio: float = 0.22,
              max_steps: int = 200, rewards: PlanPathRewards = PlanPathRewards(),

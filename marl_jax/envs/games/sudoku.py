@@ -213,9 +213,6 @@ class Sudoku(Game):
     n = self.size
     return [(i // n, i % n, v) for i, v in enumerate(self.solution) if self.grid[i] != v]
 
-  def instance_key(self) -> str:
-    return "".join(map(str, self.givens))
-
 
 def generate(seed: int, *, size: int = 4, max_blanks: int | None = None,
              max_steps: int | None = None, rewards: SudokuRewards = SudokuRewards()) -> Sudoku:
