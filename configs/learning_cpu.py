@@ -2,7 +2,7 @@
 
 The game presets cannot show learning at this scale: SmolLM2-135M never writes a parseable move
 list, so every sample gets the same format penalty and every group advantage is exactly 0. The
-writing reward (PAPERS.md section 3) is graded: the level-gated joint reward (max 3.0) varies
+writing reward (docs/papers.md section 3) is graded: the level-gated joint reward (max 3.0) varies
 between the G joint actions of a post from the first step, and one behaviour decides most of it:
 agent 1 (concise TL;DR) must write clearly shorter than agent 2 (detailed summary) for the length
 ratio level to pay, and the two texts must share few content words. So the held-out reward

@@ -1,6 +1,7 @@
-"""Learned stopping (orchestration decision O5, PAPERS.md section 5; issue: no published RL method
-learns it): the Dr. MAS math loop (solver -> verifier) with its exit made a coordinator's decision,
-`#### stop` or `#### continue`, after every review; the round cap (3) is only a safety limit.
+"""Learned stopping (orchestration decision O5, docs/papers.md section 5; issue: no published RL
+method learns it): the Dr. MAS math loop (solver -> verifier) with its exit made a coordinator's
+decision, `#### stop` or `#### continue`, after every review; the round cap (3) is only a safety
+limit.
 
 Credit: every decision is a sample in its own group (problem, round, coordinator), scored with the
 episode it led to: the team reward (1/0 on the final answer, alpha 1) minus `round_cost` per

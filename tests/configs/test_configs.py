@@ -1,4 +1,4 @@
-"""Paper configs: every preset builds, defaults are PAPERS.md's, every cpu preset trains end to end.
+"""Paper configs: every preset builds, defaults are docs/papers.md's, cpu presets train end to end.
 
 The end-to-end runs override the model with a tiny random 2-layer Llama carrying the SmolLM2
 tokenizer (`toy_task.write_tiny_model`), cut replies to 16 tokens and sample without top-p
@@ -108,7 +108,7 @@ def test_every_preset_builds(name, preset):
     assert c.env.kwargs.get("path") is None and c.env.kwargs.get("corpus_path") is None
 
 
-# PAPERS.md values of each file's default preset (section 1: AT-GRPO, 2: Dr. MAS, 3: MAGRPO).
+# docs/papers.md values of each file's default preset (section 1: AT-GRPO, 2: Dr. MAS, 3: MAGRPO).
 _ATGRPO = {"rollout.mode": "tree", "rollout.k": 8, "rollout.problems_per_step": 32,
            "train.steps": 200, "sampling.max_new_tokens": 2048, "optim.lr": 1e-6,
            "optim.schedule": "constant", "optim.weight_decay": 0.01, "optim.max_grad_norm": 1.0,

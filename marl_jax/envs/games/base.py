@@ -1,4 +1,4 @@
-"""The AT-GRPO games' shared state and its rewards (PAPERS.md section 1).
+"""The AT-GRPO games' shared state and its rewards (docs/papers.md section 1).
 
 Two layers, so that workflows can copy branches cheaply and score actions without side effects:
 

@@ -1,4 +1,4 @@
-"""Plan-Path: walk from start to goal on a grid with blocked cells (AT-GRPO, PAPERS.md section 1).
+"""Plan-Path (AT-GRPO, docs/papers.md section 1): from start to goal on a grid with blocked cells.
 
 Generation: exactly round(block_ratio * H * W) blocked cells drawn uniformly, start and goal two
 distinct free cells drawn uniformly; rejected and redrawn until goal is reachable (BFS). Defaults:

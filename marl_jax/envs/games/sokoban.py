@@ -1,4 +1,4 @@
-"""Sokoban: push every box onto a target (AT-GRPO, PAPERS.md section 1).
+"""Sokoban: push every box onto a target (AT-GRPO, docs/papers.md section 1).
 
 Generation by reverse play (the idea of Schrader's gym-sokoban / Boxoban, written afresh):
   1. topology: a random walk of `num_steps` (25) steps through the interior of an all-wall room,

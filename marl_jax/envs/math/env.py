@@ -1,4 +1,4 @@
-"""Math environments of AT-GRPO, Dr. MAS and MARFT (PAPERS.md sections 1, 2, 4), one problem each.
+"""Math envs of AT-GRPO, Dr. MAS and MARFT (docs/papers.md sections 1, 2, 4), one problem each.
 
 All share a problem {"question", "answer"} and `math_answers.is_equiv`; rewards are additive
 agent-keyed contributions (envs/base.py); the team reward the engine attaches when an episode ends

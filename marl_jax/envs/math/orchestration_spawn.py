@@ -1,4 +1,4 @@
-"""Learned spawning, delegation and aggregation (orchestration decisions O1, O2, O4, PAPERS.md
+"""Learned spawning, delegation and aggregation (orchestration decisions O1, O2, O4, docs/papers.md
 section 5) of math solvers, and the fixed aggregation rules a learned aggregator is compared
 with on its own checkpoint.
 

@@ -1,4 +1,4 @@
-"""Learned stopping (orchestration decision O5, PAPERS.md section 5) on the Dr. MAS math loop,
+"""Learned stopping (orchestration decision O5, docs/papers.md section 5) on the Dr. MAS math loop,
 and the fixed exits a learned stopper is compared with on its own checkpoint.
 
 The teams reuse `env.py`'s problem, answer checking and solver/verifier loop; rewards are
@@ -6,7 +6,7 @@ additive agent-keyed contributions (envs/base.py), the coordinator's orchestrati
 settled at the end by `final_rewards`. Workflows:
 
 'learned_stop'  the Dr. MAS loop with its stop rule made a learned decision (orchestration O5,
-          PAPERS.md section 5): each round a solver answers, a verifier reviews, then a
+          docs/papers.md section 5): each round a solver answers, a verifier reviews, then a
           coordinator replies `#### stop` (end with this answer) or `#### continue` (another
           round); `max_loops` stays as a safety cap (the last round is the solver's alone, as in
           'drmas'). A reply without a decision stops, with the format penalty. The coordinator's
