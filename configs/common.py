@@ -97,7 +97,7 @@ DRMAS_ESTIMATORS = ("drmas", "grpo")
 
 def drmas_config(env_name: str, estimator: str, *, model: str, max_turns: int, questions: int,
                  k: int, entropy_coef: float) -> ml_collections.ConfigDict:
-  """Dr. MAS (PAPERS.md section 2) on `env_name`'s "drmas" workflow with `estimator`: "drmas"
+  """Dr. MAS (docs/papers.md section 2) on `env_name`'s "drmas" workflow with `estimator`: "drmas"
   (group = (question, agent)) or the vanilla "grpo" baseline, estimator `traj_grpo`: each call
   scored with its trajectory's mean reward, normalised over the question's K trajectory values.
   Both divide by the unbiased std (verl's `torch.std`, as Dr. MAS's code) with mean 0 / std 1
@@ -133,16 +133,16 @@ MAGRPO_ESTIMATORS = ("magrpo", "rloo", "remax")
 
 def magrpo_config(env_name: str, estimator: str, *, model: str, lr: float,
                   env_kwargs: dict[str, str] | None = None) -> ml_collections.ConfigDict:
-  """MAGRPO (PAPERS.md section 3) on `env_name`'s one-turn "magrpo" workflow: G = 4 aligned joint
-  actions per prompt (independent rollouts), the joint reward minus the mean over the G joint
+  """MAGRPO (docs/papers.md section 3) on `env_name`'s one-turn "magrpo" workflow: G = 4 aligned
+  joint actions per prompt (independent rollouts), the joint reward minus the mean over the G joint
   actions (no std division, clamp 10), the same advantage for every agent; on-policy REINFORCE
   (`-sum_t log pi * A`, averaged over samples; no ratio, clip or KL), one update per rollout (no
   mini-batches or epochs); the learner's log-probs at temperature 1 (CoMLRL's loss differentiates
-  log_softmax(logits) though it samples at 0.7). `estimator` picks the
-  sibling baseline: "magrpo" (mean), "rloo" (leave-one-out, CoMLRL's MARLOO) or "remax" (max,
-  CoMLRL's MAReMax). The env's local reward already is the joint reward, so alpha = 0.
+  log_softmax(logits) though it samples at 0.7). `estimator` picks the sibling baseline: "magrpo"
+  (mean), "rloo" (leave-one-out, CoMLRL's MARLOO) or "remax" (max, CoMLRL's MAReMax). The env's
+  local reward already is the joint reward, so alpha = 0.
 
-  PAPERS.md gives no batch size: one prompt per update (`problems_per_step = 1`).
+  docs/papers.md section 3 gives no batch size: one prompt per update (`problems_per_step = 1`).
   """
   if estimator not in MAGRPO_ESTIMATORS:
     raise ValueError(f"unknown MAGRPO estimator {estimator!r}; expected one of "

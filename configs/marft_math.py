@@ -1,5 +1,5 @@
-"""MARFT math (PAPERS.md section 4): a profiled reasoner -> actor chain fine-tuned by PPO with a
-centralised critic.
+"""MARFT math (docs/papers.md section 4): a profiled reasoner -> actor chain fine-tuned by PPO with
+a centralised critic.
 
 `get_config("VARIANT[,cpu]")`. Variants:
   action  action-level PPO (APPO): `gae_action` over (step, agent) slots, one ratio per action

@@ -1,6 +1,6 @@
 """Advantage configuration and output, and the finalisation every estimator ends with.
 
-The estimators themselves live in `group_estimators` (group-relative: GRPO family, RLOO, ReMax,
+The estimators themselves live in `group_estimators` (group-relative: GRPO family, RLOO,
 trajectory GRPO) and `return_estimators` (MAGRPO tree returns, MARFT GAE); `advantages` holds the
 registry and `estimate`. This module sits below them all, so it validates estimator names against
 `ESTIMATOR_NAMES` (kept equal to the registry's names by a test) rather than the registry.
@@ -22,8 +22,8 @@ GROUPINGS = ("problem", "problem_agent", "problem_turn_agent", "problem_turn_age
 STATE_GROUPINGS = ("problem_turn_agent_state", "turn_agent_state")  # split by observed state
 FILTERS = ("none", "lowest_mean", "zero_variance")
 MAGRPO_BASELINES = ("mean", "none", "loo", "max")
-_GROUP_ESTIMATORS = ("grpo", "at_grpo", "drmas", "dr_grpo", "rloo", "remax")
-_NO_STD = ("dr_grpo", "rloo", "remax", "gae_action", "gae_token")
+_GROUP_ESTIMATORS = ("grpo", "at_grpo", "drmas", "dr_grpo", "rloo")
+_NO_STD = ("dr_grpo", "rloo", "gae_action", "gae_token")
 
 # Paper defaults for the options left as None (see AdvantageConfig).
 _DEFAULTS = {
@@ -33,7 +33,6 @@ _DEFAULTS = {
     "traj_grpo": dict(std_ddof=1, normalize_std=True),
     "dr_grpo": dict(group_by="problem", std_ddof=0, normalize_std=False),
     "rloo": dict(group_by="problem", std_ddof=0, normalize_std=False),
-    "remax": dict(group_by="problem", std_ddof=0, normalize_std=False),
     "magrpo": dict(std_ddof=0, normalize_std=False, gamma=0.9, clamp=10.0),
     "gae_action": dict(std_ddof=0, normalize_std=False, gamma=0.99, lam=0.95),
     "gae_token": dict(std_ddof=0, normalize_std=False, gamma=0.99, lam=0.95),
@@ -53,7 +52,7 @@ class AdvantageConfig:
     group_by: grouping of group estimators: "problem", "problem_agent", "problem_turn_agent",
       "problem_turn_agent_state" (also split by the state the agent observed) or
       "turn_agent_state" (the same pooled over the step's problems: a baseline per turn, agent
-      and state), see `batch.group_ids` (None: grpo/dr_grpo/rloo/remax "problem", at_grpo
+      and state), see `batch.group_ids` (None: grpo/dr_grpo/rloo "problem", at_grpo
       "problem_turn_agent", drmas "problem_agent").
     std_ddof: 0 (population) or 1 (unbiased) for group, sibling and batch standard deviations
       (None: 1 for at_grpo, drmas and traj_grpo, whose paper code divides by verl's unbiased
@@ -164,8 +163,8 @@ class AdvantageOutput:
       and on samples outside `sample_mask`.
     returns: f32[N, T] critic targets (advantage before batch normalisation + value) for gae_*,
       else None.
-    sample_mask: bool[N] samples to train on (input mask minus filtered groups, out-of-range ids
-      and ReMax greedy samples).
+    sample_mask: bool[N] samples to train on (input mask minus filtered groups and out-of-range
+      ids).
     metrics: global scalars (identical on every device).
   """
   advantages: jax.Array

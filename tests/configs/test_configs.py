@@ -1,4 +1,4 @@
-"""Paper configs: every preset builds, defaults are PAPERS.md's, every cpu preset trains end to end.
+"""Paper configs: every preset builds, defaults are docs/papers.md's, cpu presets train end to end.
 
 The end-to-end runs override the model with a tiny random 2-layer Llama carrying the SmolLM2
 tokenizer (`toy_task.write_tiny_model`), cut replies to 16 tokens and sample without top-p
@@ -110,7 +110,7 @@ def test_every_preset_builds(name, preset):
     assert c.env.kwargs.get("path") is None and c.env.kwargs.get("corpus_path") is None
 
 
-# PAPERS.md values of each file's default preset (section 1: AT-GRPO, 2: Dr. MAS, 3: MAGRPO).
+# docs/papers.md values of each file's default preset (section 1: AT-GRPO, 2: Dr. MAS, 3: MAGRPO).
 _ATGRPO = {"rollout.mode": "tree", "rollout.k": 8, "rollout.problems_per_step": 32,
            "train.steps": 200, "sampling.max_new_tokens": 2048, "optim.lr": 1e-6,
            "optim.schedule": "constant", "optim.weight_decay": 0.01, "optim.max_grad_norm": 1.0,
@@ -380,7 +380,7 @@ def _check_workdir(c, workdir, summary) -> list[dict]:
   assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()
                 if p.name.isdigit()) == [1, 2]
   trace_path = workdir / "traces" / "eval_step2.jsonl"
-  traces = store.load_traces(trace_path)
+  traces = [t for _, t in store.iter_traces(trace_path)]
   content = store.read_content(trace_path)
   assert len(traces) == c.eval.num_problems * c.eval.k
   for t in traces:

@@ -28,7 +28,7 @@ def test_evaluates_a_named_split_from_its_own_file(tmp_path):
   result = evaluation.evaluate_checkpoint(c, str(workdir), None, "test")
   assert result["step"] == 0 and set(result) >= {"test/accuracy", "test/pass@2"}
   assert json.loads((workdir / "eval" / "test_step0.json").read_text()) == result
-  traces = store.load_traces(workdir / "traces" / "test_step0.jsonl")
+  traces = [t for _, t in store.iter_traces(workdir / "traces" / "test_step0.jsonl")]
   assert len(traces) == 3 * c.eval.k  # every row of the test file, k episodes each
   kwargs = [t["events"][0]["env_kwargs"] for t in traces]
   assert {k["path"] for k in kwargs} == {str(test)}

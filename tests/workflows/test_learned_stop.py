@@ -26,7 +26,7 @@ from marl_jax.algos import batch as batch_lib
 from marl_jax.algos.advantages import estimate
 from marl_jax.traces import replay as replay_lib
 from marl_jax.traces import schema, stats
-from marl_jax.envs.math.env import CheckedStopMathEnv, decision
+from marl_jax.envs.math.orchestration_stop import CheckedStopMathEnv, decision
 from marl_jax.training import config as config_lib
 from marl_jax.training import setup
 from marl_jax.workflows import registry

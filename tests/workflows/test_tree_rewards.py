@@ -1,7 +1,7 @@
 """Tree rollouts feeding the estimators: MAGRPO's joint-action tree (returns and sibling baselines
 at every turn), AT-GRPO's per-branch team reward, the sa_grpo row, and the build refusals.
 
-Expected numbers are derived here from PAPERS.md's rules (section 1: group = (problem, turn,
+Expected numbers are derived here from docs/papers.md's rules (section 1: group = (problem, turn,
 agent), final = alpha * global + local; section 3: R = r + gamma * mean(children), baseline =
 sibling mean, gamma 0.9) and from the toy env's rules, never from the code under test.
 """
