@@ -22,6 +22,9 @@ run whose prompt lengths wander compiles more step shapes. Padding rows carry
 `sample_mask=False` and an all-False token mask: they never enter a statistic or a loss (the
 Dr. MAS public code padded with duplicated samples *before* computing advantages; we do not).
 Arranging blocks per policy kind is the policy layout's job (`parallel/layouts.py`).
+
+(Over 400 lines: every id rule lives here and only here, the host-side ones too (`group_key`,
+`mix`, `slot_ids`, `branch_of`, `id_layout`), beside the batch they number.)
 """
 from __future__ import annotations
 
@@ -88,7 +91,6 @@ class SampleBatch:
     state: i32[N] the discrete state the agent observed when it replied, in [0, num_states)
       (`envs.base.Observation.state`); decisions in different states never share a group of a
       `group_by` that splits by state.
-    is_greedy: bool[N] the sample was decoded greedily (ReMax baseline sample, not trained on).
     values: f32[N] critic value of the sample's state (`gae_action`).
     token_values: f32[N, T] critic value per response token (`gae_token`).
     token_mask: bool[N, T] True on response tokens.
@@ -104,7 +106,6 @@ class SampleBatch:
   node_id: jax.Array
   parent_node: jax.Array
   state: jax.Array
-  is_greedy: jax.Array
   values: jax.Array
   token_values: jax.Array
   token_mask: jax.Array
@@ -123,7 +124,6 @@ _FIELDS: dict[str, tuple[Any, Any, int]] = {
     "node_id": (np.int32, 0, 1),
     "parent_node": (np.int32, -1, 1),
     "state": (np.int32, 0, 1),
-    "is_greedy": (np.bool_, False, 1),
     "values": (np.float32, 0.0, 1),
     "token_values": (np.float32, 0.0, 2),
     "token_mask": (np.bool_, True, 2),

@@ -192,10 +192,6 @@ def build(c: ml_collections.ConfigDict) -> Built:
   except ValueError as e:
     raise ValueError(f"config.policy: {e}") from None
   checks.one_of(c.rollout.mode, rollout.MODES, "rollout.mode")
-  if c.algo.estimator == "remax":
-    raise ValueError("config.algo.estimator='remax' needs greedy baseline samples (is_greedy), "
-                     "which no rollout produces, so it would train on nothing; use 'rloo', "
-                     "'dr_grpo', or 'magrpo' with config.algo.baseline='max'")
   checks.precision(c)
   train = checks.settings(TrainSettings, c.train, "train")
   checks.sft(c)

@@ -1,6 +1,6 @@
 """The episode engine: runs a workflow over many problems, batching every live prompt.
 
-Three rollout modes (PAPERS.md sections 1 and 3):
+Three rollout modes (docs/papers.md sections 1 and 3):
   independent  K trajectories per problem, each stepping its own environment (evaluation, GRPO
                baselines, one-turn MAGRPO groups).
   tree         AT-GRPO tree sampling: one state per problem; at each agent step K replies are
