@@ -1,5 +1,5 @@
-"""AT-GRPO code (PAPERS.md section 1): a coder, then a unit-test writer; the episode ends when the
-generated tests pass on the generated code (at most 4 turns). All programs run in the sandbox.
+"""AT-GRPO code (docs/papers.md section 1): a coder, then a unit-test writer; the episode ends when
+the generated tests pass on the generated code (at most 4 turns). All programs run in the sandbox.
 
 `get_config("VARIANT[,cpu]")`, VARIANT one of configs/atgrpo_games.TASK_VARIANTS: the table rows of
 configs/atgrpo_games.py (single, sa_grpo, mas_norl, mas_shared (default), mas_lora, mas_full) and

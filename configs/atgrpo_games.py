@@ -1,4 +1,4 @@
-"""AT-GRPO game settings (PAPERS.md section 1): the rows of the game table as config variants.
+"""AT-GRPO game settings (docs/papers.md section 1): the rows of the game table as config variants.
 
 `get_config("VARIANT[,cpu]")` for the env named by the calling config file (parsed by
 `parse_game_preset`). Variants:
@@ -58,7 +58,6 @@ def game_config(env_name: str, env_kwargs: dict, max_turns: int, variant: str,
   c.env.max_turns = max_turns
   c.env.workflow = "single" if variant in ("single", "sa_grpo") else "mas"
   c.policy.kind = {"mas_lora": "lora", "mas_full": "stacked"}.get(variant, "shared")
-  c.policy.per_role = variant in ("mas_lora", "mas_full")
   c.lora.rank, c.lora.alpha = 16, 32.0
   c.rollout.mode = "tree"
   c.algo.estimator, c.algo.filter = "at_grpo", "lowest_mean"
@@ -85,9 +84,9 @@ def task_config(env_name: str, team_workflow: str, max_turns: int,
   preset) with the env's own workflow names, plus `mas_grpo`: the team trained with plain GRPO
   (independent rollouts, one group per problem), the estimator ablation.
 
-  Team rewards follow PAPERS.md ("final = alpha * global + local"): each agent's local reward plus
-  the episode's team reward (alpha = 1). The single-agent rows keep alpha = 0: their local reward
-  already is the task reward. The cpu preset runs one turn.
+  Team rewards follow docs/papers.md section 1 ("final = alpha * global + local"): each agent's
+  local reward plus the episode's team reward (alpha = 1). The single-agent rows keep alpha = 0:
+  their local reward already is the task reward. The cpu preset runs one turn.
   """
   choice, cpu = parse_preset(preset, {"variant": TASK_VARIANTS})
   variant = choice["variant"]

@@ -1,5 +1,5 @@
-"""AT-GRPO math (PAPERS.md section 1): a Python tool agent, then a reasoner; the episode ends when
-their answers agree (at most 4 turns). Tool programs run in the sandbox.
+"""AT-GRPO math (docs/papers.md section 1): a Python tool agent, then a reasoner; the episode ends
+when their answers agree (at most 4 turns). Tool programs run in the sandbox.
 
 `get_config("VARIANT[,cpu]")`, VARIANT one of configs/atgrpo_games.TASK_VARIANTS: the table rows of
 configs/atgrpo_games.py (single, sa_grpo, mas_norl, mas_shared (default), mas_lora, mas_full) and

@@ -1,5 +1,5 @@
-"""AT-GRPO Plan-Path: 10x10 grid, 22% blocked cells (PAPERS.md section 1). Variants and the `cpu`
-preset: see configs/atgrpo_games.py.
+"""AT-GRPO Plan-Path: 10x10 grid, 22% blocked cells (docs/papers.md section 1). Variants and the
+`cpu` preset: see configs/atgrpo_games.py.
 
 The cpu preset (the README's main job) is a CPU-sized variant: a 4x4 grid, one turn per episode,
 compact prompts (the plan agent sees the tool's output, not its program), and a supervised

@@ -1,4 +1,4 @@
-"""AT-GRPO Sokoban: 6x6 room, one box (PAPERS.md section 1). Variants and the `cpu` preset: see
+"""AT-GRPO Sokoban: 6x6 room, one box (docs/papers.md section 1). Variants and the `cpu` preset: see
 configs/atgrpo_games.py."""
 
 from configs.atgrpo_games import game_config, parse_game_preset

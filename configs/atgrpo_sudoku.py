@@ -1,4 +1,4 @@
-"""AT-GRPO Sudoku: 4x4 with a unique solution (PAPERS.md section 1). Variants and the `cpu`
+"""AT-GRPO Sudoku: 4x4 with a unique solution (docs/papers.md section 1). Variants and the `cpu`
 preset: see configs/atgrpo_games.py."""
 
 from configs.atgrpo_games import game_config, parse_game_preset

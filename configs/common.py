@@ -41,14 +41,13 @@ def apply_models(c: ml_collections.ConfigDict, models: str) -> None:
   if models not in MODELS:
     raise ValueError(f"unknown team models {models!r}; expected one of {list(MODELS)}")
   c.policy.kind = {"shared": "shared", "lora": "lora", "full": "stacked"}[models]
-  c.policy.per_role = models != "shared"
 
 
 def apply_team(c: ml_collections.ConfigDict, models: str, hetero: tuple[str, ...]) -> None:
   """Sets config.policy for one of MODELS or "hetero": a mapped team, one model per agent
   (`hetero`, in agent order), each with its own architecture and tokenizer."""
   if models == "hetero":
-    c.policy.kind, c.policy.per_role, c.policy.models = "mapped", True, hetero
+    c.policy.kind, c.policy.models = "mapped", hetero
   else:
     apply_models(c, models)
 
@@ -98,7 +97,7 @@ DRMAS_ESTIMATORS = ("drmas", "grpo")
 
 def drmas_config(env_name: str, estimator: str, *, model: str, max_turns: int, questions: int,
                  k: int, entropy_coef: float) -> ml_collections.ConfigDict:
-  """Dr. MAS (PAPERS.md section 2) on `env_name`'s "drmas" workflow with `estimator`: "drmas"
+  """Dr. MAS (docs/papers.md section 2) on `env_name`'s "drmas" workflow with `estimator`: "drmas"
   (group = (question, agent)) or the vanilla "grpo" baseline, estimator `traj_grpo`: each call
   scored with its trajectory's mean reward, normalised over the question's K trajectory values.
   Both divide by the unbiased std (verl's `torch.std`, as Dr. MAS's code) with mean 0 / std 1
@@ -134,16 +133,16 @@ MAGRPO_ESTIMATORS = ("magrpo", "rloo", "remax")
 
 def magrpo_config(env_name: str, estimator: str, *, model: str, lr: float,
                   env_kwargs: dict[str, str] | None = None) -> ml_collections.ConfigDict:
-  """MAGRPO (PAPERS.md section 3) on `env_name`'s one-turn "magrpo" workflow: G = 4 aligned joint
-  actions per prompt (independent rollouts), the joint reward minus the mean over the G joint
+  """MAGRPO (docs/papers.md section 3) on `env_name`'s one-turn "magrpo" workflow: G = 4 aligned
+  joint actions per prompt (independent rollouts), the joint reward minus the mean over the G joint
   actions (no std division, clamp 10), the same advantage for every agent; on-policy REINFORCE
   (`-sum_t log pi * A`, averaged over samples; no ratio, clip or KL), one update per rollout (no
   mini-batches or epochs); the learner's log-probs at temperature 1 (CoMLRL's loss differentiates
-  log_softmax(logits) though it samples at 0.7). `estimator` picks the
-  sibling baseline: "magrpo" (mean), "rloo" (leave-one-out, CoMLRL's MARLOO) or "remax" (max,
-  CoMLRL's MAReMax). The env's local reward already is the joint reward, so alpha = 0.
+  log_softmax(logits) though it samples at 0.7). `estimator` picks the sibling baseline: "magrpo"
+  (mean), "rloo" (leave-one-out, CoMLRL's MARLOO) or "remax" (max, CoMLRL's MAReMax). The env's
+  local reward already is the joint reward, so alpha = 0.
 
-  PAPERS.md gives no batch size: one prompt per update (`problems_per_step = 1`).
+  docs/papers.md section 3 gives no batch size: one prompt per update (`problems_per_step = 1`).
   """
   if estimator not in MAGRPO_ESTIMATORS:
     raise ValueError(f"unknown MAGRPO estimator {estimator!r}; expected one of "

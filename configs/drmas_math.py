@@ -1,4 +1,4 @@
-"""Dr. MAS math (PAPERS.md section 2): a solver answers in `\\boxed{}`, a verifier ends with
+"""Dr. MAS math (docs/papers.md section 2): a solver answers in `\\boxed{}`, a verifier ends with
 `<verify>approve|reject</verify>`; at most 2 loops, approval exits, no verifier on the last loop;
 reward 1/0 on the last solver answer, minus 0.1 for a call with an invalid format.
 
@@ -6,10 +6,10 @@ reward 1/0 on the last solver answer, minus 0.1 for a call with an invalid forma
 or `grpo` (the vanilla baseline); MODELS `shared` (default: one model, role prompts), `lora` (one
 adapter per agent, rank 16 / alpha 32) or `full` (one full model per agent, each with its own
 optimizer), or `hetero` (one full model per agent, each its own architecture and tokenizer:
-solver on Qwen3-4B, verifier on Llama-3.2-3B; PAPERS.md names a heterogeneous team for search
-only, so this pairing is a choice; `--config.policy.models=...` picks others). Defaults are the
-paper's: Qwen3-4B (pass `--config.model=/path/to/Qwen3-4B`), 32 questions x 8 trajectories, lr
-1e-6 per agent, clip 0.2, dual-clip 3, token-mean loss, no KL, no entropy bonus, grad clip 1.0,
+solver on Qwen3-4B, verifier on Llama-3.2-3B; docs/papers.md section 2 names a heterogeneous team
+for search only, so this pairing is a choice; `--config.policy.models=...` picks others). Defaults
+are the paper's: Qwen3-4B (pass `--config.model=/path/to/Qwen3-4B`), 32 questions x 8 trajectories,
+lr 1e-6 per agent, clip 0.2, dual-clip 3, token-mean loss, no KL, no entropy bonus, grad clip 1.0,
 team reward alpha 1, evaluation avg@16 / pass@16 at temperature 0.6.
 
 Data: generated arithmetic word problems unless a local file is given, e.g. the paper's

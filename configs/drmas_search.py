@@ -1,18 +1,19 @@
-"""Dr. MAS search (PAPERS.md section 2): each step a verifier routes (`<verify>yes|no</verify>`)
-to a search agent (`<search>query</search>`, top-3 BM25 passages appended) or an answer agent
-(`<answer>...</answer>`, which ends the episode); at most 4 steps; exact-match reward, minus 0.01
-for a call with an invalid format.
+"""Dr. MAS search (docs/papers.md section 2): each step a verifier routes
+(`<verify>yes|no</verify>`) to a search agent (`<search>query</search>`, top-3 BM25 passages
+appended) or an answer agent (`<answer>...</answer>`, which ends the episode); at most 4 steps;
+exact-match reward, minus 0.01 for a call with an invalid format.
 
 `get_config("[ESTIMATOR][,MODELS][,cpu]")`: ESTIMATOR `drmas` (default: per-agent normalisation)
 or `grpo` (the vanilla baseline); MODELS `shared` (default: one model, role prompts), `lora` (one
 adapter per agent, rank 16 / alpha 32) or `full` (one full model per agent, each with its own
 optimizer), or `hetero` (one full model per agent, each its own architecture and tokenizer:
-PAPERS.md's 2 x Llama-3.2-3B + Qwen2.5-7B, here verifier and search agent on Llama-3.2-3B and
-answer agent on Qwen2.5-7B; the role assignment is a choice; `--config.policy.models=...` picks
-others). Defaults are the paper's: Qwen2.5-3B (pass `--config.model=/path/to/Qwen2.5-3B`),
-128 questions x 5 trajectories, clip 0.2, dual-clip 3, token-mean loss, no KL, entropy bonus
-0.001, grad clip 1.0, team reward alpha 1, evaluation avg@16 / pass@16 at temperature 0.6; lr
-1e-6 (PAPERS.md states it for math; the same is used here).
+docs/papers.md section 2's 2 x Llama-3.2-3B + Qwen2.5-7B, here verifier and search agent on
+Llama-3.2-3B and answer agent on Qwen2.5-7B; the role assignment is a choice;
+`--config.policy.models=...` picks others). Defaults are the paper's: Qwen2.5-3B (pass
+`--config.model=/path/to/Qwen2.5-3B`), 128 questions x 5 trajectories, clip 0.2, dual-clip 3,
+token-mean loss, no KL, entropy bonus 0.001, grad clip 1.0, team reward alpha 1, evaluation avg@16 /
+pass@16 at temperature 0.6; lr 1e-6 (docs/papers.md section 2 states it for math; the same is used
+here).
 
 Data: questions of a generated multi-hop world (24 per world) unless local files are given, e.g.
 the Search-R1 corpus and NQ + HotpotQA training questions:

@@ -2,7 +2,7 @@
 
 The game presets cannot show learning at this scale: SmolLM2-135M never writes a parseable move
 list, so every sample gets the same format penalty and every group advantage is exactly 0. The
-writing reward (PAPERS.md section 3) is graded: the level-gated joint reward (max 3.0) varies
+writing reward (docs/papers.md section 3) is graded: the level-gated joint reward (max 3.0) varies
 between the G joint actions of a post from the first step, and one behaviour decides most of it:
 agent 1 (concise TL;DR) must write clearly shorter than agent 2 (detailed summary) for the length
 ratio level to pay, and the two texts must share few content words. So the held-out reward
@@ -10,10 +10,9 @@ moves within a few dozen updates.
 
     python -m experiments.train --config=configs/learning_cpu.py --workdir=runs/learning_cpu
 
-Measured on this project's 2-core CPU machine (32.5 min wall, peak RSS 18.5 GB): held-out mean
-joint reward 0.89 before training, 1.44 after step 8, 1.58 after step 16; agent 1's summaries
-went from 73 to 27 words (agent 2: 81 -> 73). Held-out success (every level reached) did not
-move: 4/16 -> 4/16 -> 3/16.
+On this project's 2-core CPU machine the held-out mean joint reward went from 0.89 before
+training to 1.58 after step 16 (RESULTS.md, "MAGRPO TLDR learns on CPU": every number, the
+memory of its train step and how it came down).
 
 `get_config("[full|lora]")`: one full model per agent (MAGRPO's setting, default) or one LoRA
 adapter per agent over the frozen model (rank 16, alpha 32, lr 1e-4). Otherwise the MAGRPO
@@ -21,14 +20,10 @@ config (configs/common.py: G = 4 aligned joint actions, mean baseline, REINFORCE
 generated 3-sentence posts per step, 96-token replies at temperature 0.7 (top-p 1: the top-p
 sort over the 49k-token vocabulary costs more than the rest of a CPU decode step), lr 2e-5 (4x
 the paper's 5e-6: 16 steps instead of 1000), evaluation of 16 held-out posts, greedy, before
-training, after step 8 and at the end. Memory: the results above were measured with two
-micro-batches and no rematerialisation (peak RSS 18.5 GB; one micro-batch was OOM-killed at
-24 GiB). The learner now rematerialises each layer, computes each post's prompt once for its G
-joint actions (train.share_prompts) and the LM head in 32-position slices, in one micro-batch:
-the same maths, and a 1-step run (`--config.train.steps=1 --config.eval.at_start=False`, final
-evaluation included) peaked at 8.4 GB (9.0 GB with two micro-batches); with each layer gathering
-its rows' prompt keys/values and the two agents' models run one after the other (lax.map, not
-vmap), at 7.2 GiB (maxrss 7,523,536 kB, 2026-11-25).
+training, after step 8 and at the end. Memory: the learner rematerialises each layer, computes
+each post's prompt once for its G joint actions (train.share_prompts) and the LM head in
+32-position slices, in one micro-batch: the same maths as more micro-batches without
+rematerialisation, in less memory (RESULTS.md).
 """
 
 from __future__ import annotations

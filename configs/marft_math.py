@@ -1,5 +1,5 @@
-"""MARFT math (PAPERS.md section 4): a profiled reasoner -> actor chain fine-tuned by PPO with a
-centralised critic.
+"""MARFT math (docs/papers.md section 4): a profiled reasoner -> actor chain fine-tuned by PPO with
+a centralised critic.
 
 `get_config("VARIANT[,cpu]")`. Variants:
   action  action-level PPO (APPO): `gae_action` over (step, agent) slots, one ratio per action
@@ -39,7 +39,7 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
   c.name = f"marft_math_{variant}"
   c.model = "qwen2.5-3b"
   c.env.name, c.env.workflow, c.env.max_turns = "math", "marft", 3
-  c.policy.kind, c.policy.per_role = "lora", True
+  c.policy.kind = "lora"
   c.lora.rank, c.lora.alpha, c.lora.target_modules = 8, 16.0, ("q_proj", "v_proj")
   c.policy.critic = (1024, 512)
   c.policy.critic_optim.lr = 5e-5

@@ -1,5 +1,5 @@
 """Learned spawning, delegation and aggregation (orchestration decisions O1 "how many to spawn",
-O2 "whom to delegate to" and O4 "how to aggregate", PAPERS.md section 5): a dispatcher spawns
+O2 "whom to delegate to" and O4 "how to aggregate", docs/papers.md section 5): a dispatcher spawns
 parallel solvers on a math problem, each answers on its own, and an aggregator compares their
 answers and gives the team's final `\\boxed{}` answer. The decision: `count` (math workflow
 'spawn') replies `#### N`, N of 4 identical solvers; `delegate` (workflow 'delegate') names which

@@ -1,6 +1,7 @@
-"""Learned stopping (orchestration decision O5, PAPERS.md section 5; issue: no published RL method
-learns it): the Dr. MAS math loop (solver -> verifier) with its exit made a coordinator's decision,
-`#### stop` or `#### continue`, after every review; the round cap (3) is only a safety limit.
+"""Learned stopping (orchestration decision O5, docs/papers.md section 5; issue: no published RL
+method learns it): the Dr. MAS math loop (solver -> verifier) with its exit made a coordinator's
+decision, `#### stop` or `#### continue`, after every review; the round cap (3) is only a safety
+limit.
 
 Credit: every decision is a sample in its own group (problem, round, coordinator), scored with the
 episode it led to: the team reward (1/0 on the final answer, alpha 1) minus `round_cost` per
@@ -22,20 +23,17 @@ check), so a decision competes only with decisions taken after the same review, 
 state; the estimator is `at_grpo` (a singleton group has nothing to compare with and gets 0,
 where `drmas` would hand it its raw reward), and a KL of 1.0 to the policy RL starts from (the
 warm-start) keeps the coordinator from collapsing to one decision (`loss.kl_coef`; LoRA teams
-have none: RL from trained adapters refuses it). With this, the coordinator learned to stop
-after most matches and after no mismatch on 3 of 3 seeds in 32 steps (RESULTS.md, "Pooled
-state groups with a KL anchor"). RESULTS.md's earlier program-checked runs:
-`--config.algo.group_by=problem_turn_agent_state --config.loss.kl_coef=0` (per-problem state
-groups, no KL; one seed of three learned the rule), before that
-`--config.algo.estimator=drmas --config.algo.group_by=problem_turn_agent`.
-`cpu`: the embedded SmolLM2-135M at the shared CPU preset's sizes (2 problems x 2 trajectories,
-48-token replies, 2 steps). Options RESULTS.md's probes use: one-operation problems
-(`--config.env.kwargs.level=one_step`, where a second round sometimes fixes a wrong answer) and RL
-on the coordinator alone (`--config.train.agents=coordinator`). With `program`,
-`--config.algo.balance_states=True` weighs the decisions after a match and after a mismatch
-equally (`AdvantageConfig.balance_states`), and `--config.algo.normalize_states=True` with
-`--config.algo.normalize_std=False` gives each state's mean-centred advantages unit scale; on
-seed 1 neither prevented the collapse to stopping at once with per-problem groups and no KL.
+have none: RL from trained adapters refuses it). Why these settings, what they replaced and how
+each did: RESULTS.md, from "Learned stopping with a program checker" to "Pooled state groups
+with a KL anchor". `cpu`: the embedded SmolLM2-135M at the shared CPU preset's sizes (2 problems
+x 2 trajectories, 48-token replies, 2 steps).
+
+Options the probes in RESULTS.md use: one-operation problems (`--config.env.kwargs.level=one_step`,
+where a second round sometimes fixes a wrong answer) and RL on the coordinator alone
+(`--config.train.agents=coordinator`). With `program`, `--config.algo.balance_states=True` weighs
+the decisions after a match and after a mismatch equally (`AdvantageConfig.balance_states`), and
+`--config.algo.normalize_states=True` with `--config.algo.normalize_std=False` gives each state's
+mean-centred advantages unit scale.
 """
 
 from __future__ import annotations

@@ -29,9 +29,10 @@ from marl_jax.algos.losses import LossConfig
 from marl_jax.algos.optim import OptimConfig
 from marl_jax.models import decoder
 from marl_jax.models.config import get_preset
-from marl_jax.parallel import policies
+from marl_jax.parallel import policies, update
 from marl_jax.parallel.mesh import make_mesh
-from marl_jax.parallel.train_step import TrainConfig, make_train_step
+from marl_jax.parallel.train_config import TrainConfig, TrainSettings
+from marl_jax.parallel.train_step import make_train_step
 
 MODEL = get_preset("tiny-llama").replace(vocab_size=16)
 TARGETS = np.array([3, 11])
@@ -76,7 +77,7 @@ def run(estimator: str, args: argparse.Namespace) -> dict:
       lr=args.lr, weight_decay=0.0, max_grad_norm=1.0),))
   cfg = TrainConfig(policy=pcfg, advantage=AdvantageConfig(estimator), loss=LossConfig(),
                     space=GroupSpace(num_problems=args.problems, num_agents=2),
-                    with_entropy=False, agent_grad_norms=True)
+                    with_entropy=False, train=TrainSettings(agent_grad_norms=True))
   fns = make_train_step(cfg, make_mesh(devices=jax.devices()[:1]))
   trainable, _ = policies.init_params(pcfg, jax.random.key(args.seed))
   state = fns.init(trainable)
@@ -85,7 +86,7 @@ def run(estimator: str, args: argparse.Namespace) -> dict:
     key = jax.random.fold_in(jax.random.key(args.seed + 1), step)
     batch, hit = rollout(state.params["policy"], key, args.problems, args.k,
                          np.asarray(args.scales))
-    state, metrics = fns.step(state, {}, batch)
+    state, metrics = update.run(fns, cfg, state, {}, batch, np.random.default_rng(step))
     norms.append(np.asarray(metrics["agent/grad_norm"]).tolist())
     adv_mean.append(np.asarray(metrics["agent/adv_mean"]).tolist())
     hits.append(hit)

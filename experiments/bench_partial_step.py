@@ -1,5 +1,5 @@
 r"""The learner's update when RL trains part of a team (`config.train.agents`): on the trained
-agents' rows only (`parallel/minibatch.trained_rows`) against the whole batch with the other
+agents' rows only (`parallel/update.trained_rows`) against the whole batch with the other
 agents' tokens masked (what such a run computed before), as JSON.
 
     python -m experiments.bench_partial_step \
@@ -9,13 +9,12 @@ agents' tokens masked (what such a run computed before), as JSON.
 
 The config's warm-start (when `sft.steps` > 0, as a run starts; else `init_from`'s params) and one
 rollout, then one update of the same params from that batch each way: on the whole batch
-(`fns.prepare`, with the learner's old log-probs when the config recomputes them, then `fns.step`),
-and `minibatch.ppo_updates` (the trainer's path for a partial team), which computes only the
-trained rows, old log-probs included. With `loss.kl_coef` > 0 the whole-batch path also fills the
-KL reference's log-probs of every row (from a reference of every policy, built for it), `ppo_updates`
-those of its rows (from the trainer's reference), and a third path,
-`trained_rows_whole_reference`, is the trainer between a359963 and 377fd9d: the reference pass over
-every row, then `ppo_updates`. Each path is called once to compile, then --repeats times, each from
+(`fns.prepare`, the learner's old log-probs when the config recomputes them, then `fns.step`),
+and `update.run` (the trainer's one update path), which computes only the trained rows, old
+log-probs included. With `loss.kl_coef` > 0 the whole-batch path also fills the KL reference's
+log-probs of every row (from a reference of every policy, built for it), `update.run` those of
+its rows (from the trainer's reference), and a third path, `trained_rows_whole_reference`, is
+the trainer between a359963 and 377fd9d: the reference pass over every row, then `update.run`. Each path is called once to compile, then --repeats times, each from
 a fresh state of the same params; the fastest call counts. The report gives each path's batch shape
 (rows per block; [blocks, rows] for a stacked team), its seconds, its loss and its gradient norm
 (the same update every way, so these agree to float32 rounding; at ratio 1 a z-scored policy loss
@@ -49,7 +48,7 @@ def main(argv):
   import jax
   import numpy as np
 
-  from marl_jax.parallel import layouts, minibatch
+  from marl_jax.parallel import layouts, update
   from marl_jax.parallel.train_step import make_train_step
   from marl_jax.training import config as config_lib
   from marl_jax.training import trainer
@@ -65,17 +64,18 @@ def main(argv):
     run.warm_start()
   elif c.init_from:  # a saved warm-start (the run's fork point), instead of making one
     run.start_from_checkpoint()
-  samples, _, _ = run._rollout()
-  batch = run._batch(trainer.trained_samples(samples, run.trained_agents), run.shape)
+  samples, _, _ = run.rollout()
+  batch = run.batch(trainer.trained_samples(samples, run.trained_agents), run.shape)
   host_params = jax.device_get(run.state.params)
   run.state = None
   names = run.policy.names or ("policy",)
-  per_name = lambda b: [b[k] for k in names] if layouts.of(run.policy).per_policy_models else [b]
+  per_name = lambda b: (layouts.of(run.policy).split(run.policy, b)
+                        if layouts.of(run.policy).per_policy_models else [b])
   # [rows] per block, or [blocks, rows] of a stacked batch
   shape_of = lambda b: [list(np.shape(x.response)[:-1]) for x in per_name(b)]
   rows: list[list[int]] = []
 
-  def recording_step(state, frozen, b, targets=None):
+  def recording_step(state, frozen, b, targets):
     rows.append(shape_of(b))
     return run.fns.step(state, frozen, b, targets)
 
@@ -94,33 +94,34 @@ def main(argv):
 
   def whole_batch(state):  # the trainer's update before a359963: every row, untrained masked
     full = batch if run.fns.ref_logp is None else whole_reference()
-    if not run.train_cfg.uses_targets:
-      return run.fns.step(state, run.frozen, full)
-    full, targets, _ = run.fns.prepare(state.params, run.frozen, full)  # with old log-probs
+    run.fns.check(full)
+    full, targets, _ = run.fns.prepare(full)
+    if run.fns.recompute is not None:
+      full, targets = run.fns.recompute(state.params, run.frozen, full, targets)
     return run.fns.step(state, run.frozen, full, targets)
 
   paths = {
       "whole_batch": whole_batch,
-      "trained_rows": lambda state: minibatch.ppo_updates(
+      "trained_rows": lambda state: update.run(
           run.fns._replace(step=recording_step), run.train_cfg, state, run.frozen, batch,
           np.random.default_rng(0), run.reference),
   }
   if run.fns.ref_logp is not None:  # the trainer between a359963 and 377fd9d
-    paths["trained_rows_whole_reference"] = lambda state: minibatch.ppo_updates(
+    paths["trained_rows_whole_reference"] = lambda state: update.run(
         run.fns._replace(step=recording_step, ref_logp=None), run.train_cfg, state, run.frozen,
         whole_reference(), np.random.default_rng(0))
   report = {"config": c.name, "trained_agents": sorted(run.trained_agents),
             "samples": {a: sum(s.agent == a for s in samples) for a in run.spec.agents},
             "blocks": list(names), "cores": os.cpu_count(), "jax": jax.__version__,
             "results": {}}
-  for name, update in paths.items():
+  for name, path in paths.items():
     times, loss, grad_norm = [], None, None
     for call in range(1 + _REPEATS.value):
       state = fresh_state()
       jax.block_until_ready(state)
       rows.clear()
       start = time.perf_counter()
-      state, metrics = update(state)
+      state, metrics = path(state)
       jax.block_until_ready((state, metrics))
       times.append(time.perf_counter() - start)
       loss, grad_norm = (float(jax.device_get(metrics[k])) for k in ("loss", "grad_norm"))

@@ -146,7 +146,9 @@ def jax_worker(mode: str, args: argparse.Namespace) -> dict:
   from marl_jax.models.lora import LoraConfig
   from marl_jax.parallel.mesh import make_mesh
   from marl_jax.algos.batch import TrainBatch
-  from marl_jax.parallel.train_step import TrainConfig, make_train_step
+  from marl_jax.parallel import update
+  from marl_jax.parallel.train_config import TrainConfig, TrainSettings
+  from marl_jax.parallel.train_step import make_train_step
 
   config_d, flat, b = read_data(args.data)
   config = ModelConfig(**config_d)
@@ -167,8 +169,9 @@ def jax_worker(mode: str, args: argparse.Namespace) -> dict:
   space = GroupSpace(num_problems=int(b["problem_id"].max()) + 1, num_agents=2)
   cfg = TrainConfig(policy=pcfg, advantage=AdvantageConfig("grpo"), space=space,
                     loss=LossConfig(clip_low=CLIP, clip_high=CLIP, dual_clip=DUAL_CLIP),
-                    with_entropy=False, remat=mode.endswith("_remat"),
-                    logits_chunk=args.logits_chunk)
+                    with_entropy=False,
+                    train=TrainSettings(remat=mode.endswith("_remat"),
+                                        logits_chunk=args.logits_chunk))
   fns = make_train_step(cfg, make_mesh(devices=jax.devices()[:1]))
   trainable, frozen = policies.init_params(pcfg, jax.random.key(0), base=params)
   trainable, frozen = fns.shard_params(trainable, frozen)
@@ -188,7 +191,7 @@ def jax_worker(mode: str, args: argparse.Namespace) -> dict:
   times, cpu, losses = [], [], []
   for _ in range(args.steps + 1):
     start, start_cpu = time.perf_counter(), time.process_time()
-    state, metrics = fns.step(state, frozen, batch)
+    state, metrics = update.run(fns, cfg, state, frozen, batch, np.random.default_rng(0))
     losses.append(float(metrics["loss"]))
     times.append(time.perf_counter() - start)
     cpu.append(time.process_time() - start_cpu)

@@ -109,7 +109,7 @@ def _unknown_field(argv: Sequence[str], error: BaseException) -> str | None:
            if field in flag.split(".")]
   if not named:
     return None
-  from marl_jax.training.config import RENAMED_FIELDS  # here: --help stays fast
+  from marl_jax.training.config_checks import RENAMED_FIELDS  # here: --help stays fast
   if field in RENAMED_FIELDS:
     return f"{named[0]}: {RENAMED_FIELDS[field]}"
   return f"{named[0]}: no config field {field!r}; expected an existing field.{hint}"

@@ -21,9 +21,10 @@ from marl_jax.algos.losses import LossConfig
 from marl_jax.algos.optim import OptimConfig
 from marl_jax.models import decoder, precision
 from marl_jax.models.config import ModelConfig, get_preset
-from marl_jax.parallel import policies
+from marl_jax.parallel import policies, update
 from marl_jax.parallel.mesh import make_mesh
-from marl_jax.parallel.train_step import TrainConfig, make_train_step
+from marl_jax.parallel.train_config import TrainConfig, TrainSettings
+from marl_jax.parallel.train_step import make_train_step
 from marl_jax.sampling.params import SamplingParams
 from marl_jax.sampling.sampler import Sampler
 
@@ -33,14 +34,14 @@ def _fns(config: ModelConfig, b: dict[str, np.ndarray], group: int, **train):
   pcfg = policies.PolicyConfig(kind="shared", models=(config,), optim=(OptimConfig(lr=LR),))
   space = GroupSpace(num_problems=int(b["problem_id"].max()) + 1, num_agents=1)
   cfg = TrainConfig(policy=pcfg, advantage=AdvantageConfig("grpo"), loss=LossConfig(),
-                    space=space, with_entropy=False, **train)
+                    space=space, with_entropy=False, train=TrainSettings(**train))
   fns = make_train_step(cfg, make_mesh(devices=jax.devices()[:1]))
   n = len(b["rewards"])
   samples = make_batch(b["rewards"], problem_id=b["problem_id"], agent_id=np.zeros(n, np.int32),
                        policy_id=np.zeros(n, np.int32), token_mask=b["token_mask"])
   batch = TrainBatch(prompt=b["prompt"], prompt_mask=b["prompt_mask"], response=b["response"],
                      old_logp=b["old_logp"], samples=samples, num_prompts=n // group)
-  return pcfg, fns, fns.shard_batch(batch)
+  return cfg, fns, fns.shard_batch(batch)
 
 
 def _params(config: ModelConfig, seed: int = 0):
@@ -67,12 +68,14 @@ def train_step(args: argparse.Namespace, config: ModelConfig) -> dict[str, Any]:
   b = batch_arrays(config.vocab_size, args.rows, args.group, args.prompt, args.response)
   _, fns, batch = _fns(config, b, args.group, remat=True, logits_chunk=128)
   state = fns.init({"policy": _params(config)})
-  compiled = jax.jit(fns.update, donate_argnums=(0,)).lower(state, {}, batch).compile()
-  executed = plan.matmul_flops(jax.jit(fns.update).trace(state, {}, batch).jaxpr)
+  fns.check(batch)
+  batch, targets, _ = fns.prepare(batch)  # one update of the whole rollout (`update.run`)
+  compiled = jax.jit(fns.update, donate_argnums=(0,)).lower(state, {}, batch, targets).compile()
+  executed = plan.matmul_flops(jax.jit(fns.update).trace(state, {}, batch, targets).jaxpr)
   times = []
   for _ in range(args.steps + 1):
     start = time.perf_counter()
-    state, metrics = compiled(state, {}, batch)
+    state, metrics = compiled(state, {}, batch, targets)
     jax.block_until_ready((state, metrics))
     times.append(time.perf_counter() - start)
   step_s = statistics.median(times[1:])
@@ -123,10 +126,11 @@ def numerics(args: argparse.Namespace, config: ModelConfig) -> dict[str, Any]:
   results = {}
   for dtype in ("float32", "bfloat16"):
     cfg = config.replace(param_dtype="float32", compute_dtype=dtype)
-    _, fns, batch = _fns(cfg, b, 2)
+    train_cfg, fns, batch = _fns(cfg, b, 2)
     params = _params(cfg)
     before = jax.device_get(params)
-    state, metrics = fns.step(fns.init({"policy": params}), {}, batch)
+    state, metrics = update.run(fns, train_cfg, fns.init({"policy": params}), {}, batch,
+                                np.random.default_rng(0))
     results[dtype] = (float(metrics["loss"]), float(metrics["grad_norm"]),
                       _moved(before, state.params["policy"]))
   (l32, g32, m32), (l16, g16, m16) = results["float32"], results["bfloat16"]
@@ -134,10 +138,11 @@ def numerics(args: argparse.Namespace, config: ModelConfig) -> dict[str, Any]:
              grad_norm_rel_diff=abs(g16 - g32) / g32, moved_fp32_masters=m16,
              moved_fp32_everything=m32)
   stored = config.replace(param_dtype="bfloat16", compute_dtype="bfloat16")
-  _, fns, batch = _fns(stored, b, 2)
+  train_cfg, fns, batch = _fns(stored, b, 2)
   params = _params(stored)
   before = jax.device_get(params)
-  state, _ = fns.step(fns.init({"policy": params}), {}, batch)
+  state, _ = update.run(fns, train_cfg, fns.init({"policy": params}), {}, batch,
+                        np.random.default_rng(0))
   out["moved_bf16_storage"] = _moved(before, state.params["policy"])
   out.update(_sampler_vs_learner(config.replace(param_dtype="float32",
                                                 compute_dtype="bfloat16"), args))

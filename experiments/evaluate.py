@@ -39,8 +39,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   # Imported after flag parsing, so --help stays fast.
-  from marl_jax.training import eval_results, plots, trainer
-  result = trainer.evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, _CHECKPOINT.value,
+  from marl_jax.training import eval_results, evaluation, plots
+  result = evaluation.evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, _CHECKPOINT.value,
                                        _SPLIT.value)
   print(plots.markdown_table([{"metric": k, "value": v} for k, v in result.items()]))
   print(f"wrote {eval_results.path(_WORKDIR.value, result['step'], _SPLIT.value)}")

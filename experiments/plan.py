@@ -62,18 +62,21 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from experiments import cli
+from marl_jax.algos import batch as batch_lib
 from marl_jax.algos.batch import BatchShape
 from marl_jax.errors import UserInputError
 from marl_jax.models import decoder, hf, precision
 from marl_jax.models.config import PRESETS, ModelConfig
 from marl_jax.parallel import layouts, policies, sharding
 from marl_jax.parallel import mesh as mesh_lib
-from marl_jax.parallel.train_step import TrainConfig, TrainFns, make_train_step
+from marl_jax.parallel.train_config import TrainConfig
+from marl_jax.parallel.train_step import TrainFns, make_train_step
 from marl_jax.sampling.decode import Knobs, generate_tokens
-from marl_jax.sampling.sampler import Buckets, Sampler, prompt_layout, round_up
+from marl_jax.sampling.sampler import Buckets, Sampler, prompt_layout
+from marl_jax.shapes import round_up
 from marl_jax.training import config as config_lib
-from marl_jax.training import preflight, trainer
-from marl_jax.workflows.rollout import id_layout
+from marl_jax.training import preflight
+from marl_jax.training import setup as setup_lib
 
 # name -> (memory GiB, dense bf16 peak TFLOP/s per device)
 DEVICES = {"h100": (80.0, 989.0), "v5e": (16.0, 197.0), "v4": (32.0, 275.0)}
@@ -200,10 +203,10 @@ def compute_dtype(c: ml_collections.ConfigDict) -> str:
 
 
 def policy_config(c: ml_collections.ConfigDict, built: config_lib.Built) -> policies.PolicyConfig:
-  """The team's PolicyConfig as `trainer.load_team` builds it on the planned accelerator, from
+  """The team's PolicyConfig as `setup_lib.load_team` builds it on the planned accelerator, from
   architectures only."""
-  return trainer.policy_config(c, built, [model_config(n, c.param_dtype, compute_dtype(c))
-                                          for n in trainer.team_names(c, built.spec)[0]])
+  return setup_lib.policy_config(c, built, [model_config(n, c.param_dtype, compute_dtype(c))
+                                          for n in setup_lib.team_names(c, built.spec)[0]])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,7 +240,7 @@ def rollout_samples(c: ml_collections.ConfigDict, built: config_lib.Built, promp
   tree node or of a MAGRPO node's joint actions, and the K trajectories' first turn."""
   spec, k, turns = built.spec, c.rollout.k, built.spec.max_turns
   new = c.sampling.max_new_tokens
-  trajs, _ = id_layout(c.rollout.mode, k, turns)
+  trajs, _ = batch_lib.id_layout(c.rollout.mode, k, turns)
   per_turn = {"tree": lambda t: k, "independent": lambda t: k,
               "magrpo_tree": lambda t: k ** (t + 1)}[c.rollout.mode]
   shared = {"tree": lambda t, j: 0, "independent": lambda t, j: 0 if t == 0 else j,
@@ -349,15 +352,15 @@ def setup(c: ml_collections.ConfigDict, mesh_sizes: tuple[int, int, int],
     raise
   except ValueError as e:
     raise UserInputError(str(e)) from None
-  shape = trainer.batch_shape(c, built.spec, mesh_lib.batch_shards(mesh) * c.train.micro_batches)
-  return Setup(built, mesh, policy, shape, trainer.train_config(c, built, policy, shape),
+  shape = setup_lib.batch_shape(c, built.spec, mesh_lib.batch_shards(mesh) * c.train.micro_batches)
+  return Setup(built, mesh, policy, shape, setup_lib.train_config(c, built, policy, shape),
                rollout_samples(c, built, prompt_tokens))
 
 
 def update_samples(s: Setup, mini_batch_size: int | None) -> tuple[list[_Sample], int]:
   """(the samples of one optimizer update, updates per epoch): the whole rollout, or with PPO
   mini-batches the first `mini_batch_size` samples of each policy block and as many updates as
-  the fullest block needs (`parallel/minibatch.plan`; every sample counted as kept)."""
+  the fullest block needs (`parallel/update.plan`; every sample counted as kept)."""
   if mini_batch_size is None:
     return s.samples, 1
   blocks = layouts.of(s.policy).blocks(s.policy, s.samples)
@@ -377,6 +380,13 @@ def abstract_batch(s: Setup, share_prompts: bool, samples: list[_Sample] | None 
   return _abstract(batch, s.mesh, jax.tree.map(lambda _: spec, batch))
 
 
+def abstract_targets(s: Setup, fns: TrainFns, batch: Any) -> Any:
+  """The `RolloutTargets` of an abstract batch (`fns.prepare`'s), sharded like the batch."""
+  targets = jax.eval_shape(fns.prepare, batch)[1]
+  spec = layouts.batch_spec(s.policy, mesh_lib.BATCH_AXES)
+  return _abstract(targets, s.mesh, jax.tree.map(lambda _: spec, targets))
+
+
 def plan(c: ml_collections.ConfigDict, mesh_sizes: tuple[int, int, int], target: Target, *,
          prompt_tokens: int) -> dict[str, Any]:
   """The report (module docstring) of config `c` on a (data, fsdp, tensor) mesh of the current
@@ -388,7 +398,7 @@ def plan(c: ml_collections.ConfigDict, mesh_sizes: tuple[int, int, int], target:
   trainable, frozen = abstract_params(policy, mesh)
   fns = make_train_step(cfg, mesh)
   state = abstract_state(fns, trainable, mesh)
-  train = analyse(fns.update, state, frozen, batch, donate=(0,))
+  train = analyse(fns.update, state, frozen, batch, abstract_targets(s, fns, batch), donate=(0,))
   train["flops"] *= updates * c.train.epochs  # every update of every PPO epoch
   reference = 0  # a KL reference of full models: a frozen compute copy of the policy params
   if c.loss.kl_coef != 0.0 and not layouts.of(policy).adapters:
@@ -464,7 +474,7 @@ def sampler_programs(c: ml_collections.ConfigDict, config: ModelConfig, mesh: ja
     hidden, cache = decoder.hidden_states(params, tokens, positions, config, cache=cache)
     return decoder.lm_logits(params, hidden[:, 0], config), cache
 
-  sampling = trainer.sampling_params(c, c.sampling.temperature, c.sampling.top_p)
+  sampling = setup_lib.sampling_params(c, c.sampling.temperature, c.sampling.top_p)
   sampler = Sampler(config)  # its defaults (LLMPolicy's): buckets, decode blocks, top candidates
   generate = functools.partial(
       generate_tokens, config=config, pad_id=sampler.pad_id, block=sampler.decode_block,

@@ -5,7 +5,7 @@ prints ours beside the paper's.
     python -m experiments.reproduce --table=drmas --scale=paper --root=/runs \
         --model=/ckpt/Qwen3-4B --data_dir=/data
 
-Tables: atgrpo_games, atgrpo_math_code (PAPERS.md section 1), drmas (section 2), magrpo
+Tables: atgrpo_games, atgrpo_math_code (docs/papers.md section 1), drmas (section 2), magrpo
 (section 3), marft (section 4). A row is a config preset; a column is what it is evaluated on.
 Each (row, config, seed) trains once in `ROOT/<table>/<config>_<row>_seed<s>` (rows without RL
 only evaluate, step 0: the policy RL would start from, warm-started where the config has a
@@ -165,9 +165,9 @@ TABLES = {
         (Column("math avg@2", "drmas_math"), Column("math pass@2", "drmas_math", metric="pass@2"),
          Column("search avg@2", "drmas_search"),
          Column("search pass@2", "drmas_search", metric="pass@2")),
-        note="PAPERS.md gives Dr. MAS's gain over GRPO, not the absolute numbers: math +5.6 avg@16 "
-             "/ +4.6 pass@16, search +15.2 avg@16 / +13.1 pass@16 (Qwen3-4B math, Qwen2.5-3B "
-             "search; the search test file joins the seven Search-R1 sets)."),
+        note="docs/papers.md section 2 gives Dr. MAS's gain over GRPO, not the absolute numbers: "
+             "math +5.6 avg@16 / +4.6 pass@16, search +15.2 avg@16 / +13.1 pass@16 (Qwen3-4B "
+             "math, Qwen2.5-3B search; the search test file joins the seven Search-R1 sets)."),
     "magrpo": Table(
         "MAGRPO: writing (joint reward, max 3) and coding (pass %)",
         ("magrpo", "rloo", "remax"), {"magrpo": "MAGRPO (mean baseline)",
@@ -183,14 +183,14 @@ TABLES = {
         (Column("TLDR reward", "magrpo_tldr", metric="reward/agent1", percent=False),
          Column("arXiv reward", "magrpo_arxiv", metric="reward/agent1", percent=False),
          Column("HumanEval pass", "magrpo_humaneval")),
-        note="PAPERS.md records no MAGRPO result numbers; the columns show ours only. The "
-             "writing reward is the joint reward both agents receive (agent1's mean)."),
+        note="docs/papers.md section 3 records no MAGRPO result numbers; the columns show ours "
+             "only. The writing reward is the joint reward both agents receive (agent1's mean)."),
     "marft": Table(
         "MARFT math, accuracy %",
         ("action", "token"), {"action": "MARFT action-level PPO", "token": "MARFT token-level PPO"},
         (Column("math", "marft_math"),), (Column("math", "marft_math"),),
-        note="PAPERS.md cites MARFT-A's gain from a secondary source only (about +18.45% on MATH), "
-             "with no absolute numbers to print."),
+        note="docs/papers.md section 4 cites MARFT-A's gain from a secondary source only (about "
+             "+18.45% on MATH), with no absolute numbers to print."),
 }
 
 _TABLE = flags.DEFINE_enum("table", "atgrpo_games", sorted(TABLES), "Which table.")
@@ -292,7 +292,7 @@ def _check_presets(columns: tuple[Column, ...], rows: tuple[str, ...],
 def _run_cell(table: Table, column: Column, row: str, seed: int, path: str,
               options: tuple[str, ...]) -> None:
   """Trains (once per workdir) and evaluates one cell at cpu scale."""
-  from marl_jax.training import trainer
+  from marl_jax.training import evaluation, trainer
   from marl_jax.training.checkpoint import saved_steps
   config = _module(column.config).get_config(cpu_preset(row, options))
   config.seed = seed
@@ -301,7 +301,7 @@ def _run_cell(table: Table, column: Column, row: str, seed: int, path: str,
   if row not in table.eval_only and not (os.path.isdir(path) and
                                          config.train.steps in saved_steps(path)):
     trainer.train(config, path)
-  trainer.evaluate_checkpoint(config, path, None, column.split)
+  evaluation.evaluate_checkpoint(config, path, None, column.split)
 
 
 def _selected(name: str, values: list[str] | None, allowed: tuple[str, ...]) -> tuple[str, ...]:

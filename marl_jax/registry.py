@@ -12,7 +12,7 @@ This module is the bottom layer: it imports nothing from marl_jax.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -34,15 +34,6 @@ class Registry(Generic[T]):
                        "replace it")
     self._entries[name] = entry
     return entry
-
-  def decorator(self, name: str) -> Callable[[T], T]:
-    """`@registry.decorator("name")` registers the decorated object under `name`."""
-
-    def add(entry: T) -> T:
-      self.register(name, entry)
-      return entry
-
-    return add
 
   def get(self, name: str) -> T:
     if name not in self._entries:

@@ -1,10 +1,11 @@
 """The package's layering, read from its imports: no upward import and no import cycle.
 
-Layers, bottom to top (DESIGN.md): models, sandbox, traces, registry, errors | envs, sampling |
-algos, workflows | parallel | training. A module may import from its own layer or below. Every
-`import` statement counts, including those inside functions: a function-level import is still a
-dependency (it only hides a cycle from Python, not from a reader). Imports under
-`if TYPE_CHECKING:` name types for annotations only: they count for the layers but not for cycles.
+Layers, bottom to top (docs/design.md): models, sandbox, traces, registry, errors, shapes |
+envs, sampling | algos, workflows | parallel | training. A module may import from its own layer
+or below. Every `import` statement counts, including those inside functions: a function-level
+import is still a dependency (it only hides a cycle from Python, not from a reader). Imports
+under `if TYPE_CHECKING:` name types for annotations only: they count for the layers but not for
+cycles.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "marl_jax"
 LAYERS = {
-    "models": 0, "sandbox": 0, "traces": 0, "registry": 0, "errors": 0,
+    "models": 0, "sandbox": 0, "traces": 0, "registry": 0, "errors": 0, "shapes": 0,
     "envs": 1, "sampling": 1,
     "algos": 2, "workflows": 2,
     "parallel": 3,

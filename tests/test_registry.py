@@ -8,7 +8,7 @@ from marl_jax.registry import Registry
 def test_lookup_and_names():
   r = Registry("colour")
   r.register("red", 1)
-  r.decorator("blue")(2)
+  r.register("blue", 2)
   assert r.get("red") == 1 and r.get("blue") == 2
   assert r.names() == ("blue", "red") and "red" in r and "green" not in r and len(r) == 2
 

@@ -1,6 +1,6 @@
 """Advantage configuration and output, and the finalisation every estimator ends with.
 
-The estimators themselves live in `group_estimators` (group-relative: GRPO family, RLOO, ReMax,
+The estimators themselves live in `group_estimators` (group-relative: GRPO family, RLOO,
 trajectory GRPO) and `return_estimators` (MAGRPO tree returns, MARFT GAE); `advantages` holds the
 registry and `estimate`. This module sits below them all, so it validates estimator names against
 `ESTIMATOR_NAMES` (kept equal to the registry's names by a test) rather than the registry.
@@ -22,8 +22,8 @@ GROUPINGS = ("problem", "problem_agent", "problem_turn_agent", "problem_turn_age
 STATE_GROUPINGS = ("problem_turn_agent_state", "turn_agent_state")  # split by observed state
 FILTERS = ("none", "lowest_mean", "zero_variance")
 MAGRPO_BASELINES = ("mean", "none", "loo", "max")
-_GROUP_ESTIMATORS = ("grpo", "at_grpo", "drmas", "dr_grpo", "rloo", "remax")
-_NO_STD = ("dr_grpo", "rloo", "remax", "gae_action", "gae_token")
+_GROUP_ESTIMATORS = ("grpo", "at_grpo", "drmas", "dr_grpo", "rloo")
+_NO_STD = ("dr_grpo", "rloo", "gae_action", "gae_token")
 
 # Paper defaults for the options left as None (see AdvantageConfig).
 _DEFAULTS = {
@@ -33,11 +33,12 @@ _DEFAULTS = {
     "traj_grpo": dict(std_ddof=1, normalize_std=True),
     "dr_grpo": dict(group_by="problem", std_ddof=0, normalize_std=False),
     "rloo": dict(group_by="problem", std_ddof=0, normalize_std=False),
-    "remax": dict(group_by="problem", std_ddof=0, normalize_std=False),
     "magrpo": dict(std_ddof=0, normalize_std=False, gamma=0.9, clamp=10.0),
-    "gae_action": dict(std_ddof=0, normalize_std=False, gamma=0.99),
-    "gae_token": dict(std_ddof=0, normalize_std=False, gamma=0.99),
+    "gae_action": dict(std_ddof=0, normalize_std=False, gamma=0.99, lam=0.95),
+    "gae_token": dict(std_ddof=0, normalize_std=False, gamma=0.99, lam=0.95),
 }
+_DISCOUNTED = ("magrpo", "gae_action", "gae_token")  # estimators that read gamma
+_GAE = ("gae_action", "gae_token")  # estimators that read lam
 
 ESTIMATOR_NAMES = tuple(_DEFAULTS)  # every estimator has paper defaults; = ESTIMATORS' names
 
@@ -51,7 +52,7 @@ class AdvantageConfig:
     group_by: grouping of group estimators: "problem", "problem_agent", "problem_turn_agent",
       "problem_turn_agent_state" (also split by the state the agent observed) or
       "turn_agent_state" (the same pooled over the step's problems: a baseline per turn, agent
-      and state), see `batch.group_ids` (None: grpo/dr_grpo/rloo/remax "problem", at_grpo
+      and state), see `batch.group_ids` (None: grpo/dr_grpo/rloo "problem", at_grpo
       "problem_turn_agent", drmas "problem_agent").
     std_ddof: 0 (population) or 1 (unbiased) for group, sibling and batch standard deviations
       (None: 1 for at_grpo, drmas and traj_grpo, whose paper code divides by verl's unbiased
@@ -68,8 +69,9 @@ class AdvantageConfig:
     filter_fraction: fraction of each policy's groups dropped by "lowest_mean" (floor of
       fraction x that policy's non-empty groups).
     alpha: reward mixing, `r = alpha * team_rewards + rewards`.
-    gamma: discount (None: magrpo 0.9, gae_* 0.99).
-    lam: GAE lambda.
+    gamma: discount of magrpo's tree returns and MARFT's GAE (None: magrpo 0.9, gae_* 0.99);
+      refused for the others, which do not discount.
+    lam: GAE lambda (None: 0.95); refused for the estimators without GAE.
     clamp: clip advantages to [-clamp, clamp] (None: 10 for magrpo, else no clip).
     baseline: magrpo sibling baseline: "mean" (MAGRPO), "none" (raw returns), "loo" (RLOO) or
       "max" (CoMLRL's MAReMax: `R - max_siblings R`).
@@ -97,7 +99,7 @@ class AdvantageConfig:
   filter_fraction: float = 0.5
   alpha: float = 0.0
   gamma: float | None = None
-  lam: float = 0.95
+  lam: float | None = None
   clamp: float | None = None
   baseline: str = "mean"
   normalize_batch: bool = False
@@ -135,10 +137,12 @@ class AdvantageConfig:
                        f"{list(MAGRPO_BASELINES)}")
     if self.baseline != "mean" and name != "magrpo":
       raise ValueError(f"baseline {self.baseline!r} applies to magrpo only, not {name!r}")
-    if self.gamma is not None and not 0.0 <= self.gamma <= 1.0:
-      raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
-    if not 0.0 <= self.lam <= 1.0:
-      raise ValueError(f"lam must be in [0, 1], got {self.lam}")
+    for field, users in (("gamma", _DISCOUNTED), ("lam", _GAE)):
+      value = getattr(self, field)
+      if value is not None and name not in users:
+        raise ValueError(f"{field} applies to {list(users)}, not {name!r}")
+      if value is not None and not 0.0 <= value <= 1.0:
+        raise ValueError(f"{field} must be in [0, 1], got {value}")
     if self.clamp is not None and not self.clamp > 0.0:
       raise ValueError(f"clamp must be > 0 (math.inf disables it), got {self.clamp}")
 
@@ -147,8 +151,7 @@ class AdvantageConfig:
     defaults = _DEFAULTS[self.estimator]
     fill = {k: v for k, v in defaults.items() if getattr(self, k) is None}
     out = dataclasses.replace(self, **fill)
-    return dataclasses.replace(out, gamma=1.0 if out.gamma is None else out.gamma,
-                               clamp=math.inf if out.clamp is None else out.clamp)
+    return dataclasses.replace(out, clamp=math.inf if out.clamp is None else out.clamp)
 
 
 @flax.struct.dataclass
@@ -160,8 +163,8 @@ class AdvantageOutput:
       and on samples outside `sample_mask`.
     returns: f32[N, T] critic targets (advantage before batch normalisation + value) for gae_*,
       else None.
-    sample_mask: bool[N] samples to train on (input mask minus filtered groups, out-of-range ids
-      and ReMax greedy samples).
+    sample_mask: bool[N] samples to train on (input mask minus filtered groups and out-of-range
+      ids).
     metrics: global scalars (identical on every device).
   """
   advantages: jax.Array

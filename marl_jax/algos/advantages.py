@@ -13,8 +13,7 @@ from typing import Callable
 
 from marl_jax.algos.advantage_config import AdvantageConfig, AdvantageOutput
 from marl_jax.algos.batch import GroupSpace, SampleBatch
-from marl_jax.algos.group_estimators import (at_grpo, dr_grpo, drmas, grpo, remax, rloo,
-                                             traj_grpo)
+from marl_jax.algos.group_estimators import at_grpo, dr_grpo, drmas, grpo, rloo, traj_grpo
 from marl_jax.algos.return_estimators import gae_action, gae_token, magrpo
 from marl_jax.algos.segments import AxisName
 from marl_jax.registry import Registry
@@ -25,8 +24,7 @@ Estimator = Callable[[SampleBatch, AdvantageConfig, GroupSpace, AxisName], Advan
 
 ESTIMATORS: Registry[Estimator] = Registry("estimator")
 for _name, _estimator in (("grpo", grpo), ("at_grpo", at_grpo), ("drmas", drmas),
-                          ("dr_grpo", dr_grpo), ("rloo", rloo), ("remax", remax),
-                          ("traj_grpo", traj_grpo),
+                          ("dr_grpo", dr_grpo), ("rloo", rloo), ("traj_grpo", traj_grpo),
                           ("magrpo", magrpo), ("gae_action", gae_action),
                           ("gae_token", gae_token)):
   ESTIMATORS.register(_name, _estimator)

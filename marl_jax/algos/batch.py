@@ -22,6 +22,9 @@ run whose prompt lengths wander compiles more step shapes. Padding rows carry
 `sample_mask=False` and an all-False token mask: they never enter a statistic or a loss (the
 Dr. MAS public code padded with duplicated samples *before* computing advantages; we do not).
 Arranging blocks per policy kind is the policy layout's job (`parallel/layouts.py`).
+
+(Over 400 lines: every id rule lives here and only here, the host-side ones too (`group_key`,
+`mix`, `slot_ids`, `branch_of`, `id_layout`), beside the batch they number.)
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ import jax
 import numpy as np
 
 from marl_jax.algos.segments import in_range
-from marl_jax.sampling.sampler import bucket, round_bucket, round_up
+from marl_jax.shapes import bucket, round_bucket, round_up
 
 ROW_BLOCK = 8  # row counts: powers of two below it, then its multiples (`round_rows`)
 
@@ -88,7 +91,6 @@ class SampleBatch:
     state: i32[N] the discrete state the agent observed when it replied, in [0, num_states)
       (`envs.base.Observation.state`); decisions in different states never share a group of a
       `group_by` that splits by state.
-    is_greedy: bool[N] the sample was decoded greedily (ReMax baseline sample, not trained on).
     values: f32[N] critic value of the sample's state (`gae_action`).
     token_values: f32[N, T] critic value per response token (`gae_token`).
     token_mask: bool[N, T] True on response tokens.
@@ -104,7 +106,6 @@ class SampleBatch:
   node_id: jax.Array
   parent_node: jax.Array
   state: jax.Array
-  is_greedy: jax.Array
   values: jax.Array
   token_values: jax.Array
   token_mask: jax.Array
@@ -123,7 +124,6 @@ _FIELDS: dict[str, tuple[Any, Any, int]] = {
     "node_id": (np.int32, 0, 1),
     "parent_node": (np.int32, -1, 1),
     "state": (np.int32, 0, 1),
-    "is_greedy": (np.bool_, False, 1),
     "values": (np.float32, 0.0, 1),
     "token_values": (np.float32, 0.0, 2),
     "token_mask": (np.bool_, True, 2),
@@ -194,12 +194,39 @@ def validate_batch(batch: SampleBatch, space: GroupSpace) -> None:
                        f"{space}")
 
 
+def mix(reward: Any, team_reward: Any, alpha: float) -> Any:
+  """The reward every estimator, metric and refill uses: `alpha * team_reward + reward` (numbers
+  on the host, arrays on device)."""
+  return alpha * team_reward + reward
+
+
 def mixed_reward(batch: SampleBatch, alpha: float) -> jax.Array:
-  """The reward every estimator and metric uses: `alpha * team_rewards + rewards`, f32[N]."""
-  return alpha * batch.team_rewards + batch.rewards
+  """`mix` of a batch's rewards, f32[N]."""
+  return mix(batch.rewards, batch.team_rewards, alpha)
 
 
 # ----------------------------------------------------------------------------- id rules
+
+MAX_TREE_LEAVES = 256  # a MAGRPO tree of G^T leaves per problem; the paper's T is small
+
+
+def id_layout(mode: str, k: int, max_turns: int) -> tuple[int, int]:
+  """(trajectories per problem, branching) of a rollout mode (`workflows/rollout.MODES`), for
+  `BatchShape`.
+
+  Raises ValueError when a MAGRPO tree would grow more than MAX_TREE_LEAVES leaves per problem.
+  """
+  if mode == "independent":
+    return k, 1
+  if mode == "tree":
+    return 1, 1
+  leaves = k ** max_turns
+  if leaves > MAX_TREE_LEAVES:
+    raise ValueError(f"rollout mode 'magrpo_tree' with k={k} over max_turns={max_turns} grows "
+                     f"k**max_turns={leaves} leaves per problem; expected at most "
+                     f"{MAX_TREE_LEAVES} (lower k or max_turns)")
+  return leaves, k
+
 
 
 def traj_id(problem_id: int, branch: int, trajs_per_problem: int) -> int:
@@ -272,6 +299,35 @@ def group_ids(batch: SampleBatch, group_by: str,
   return ids * space.num_states + batch.state, num * space.num_states, ok
 
 
+def group_key(sample: RolloutSample, group_by: str) -> tuple[int, ...]:
+  """The estimator group of one rollout sample on the host, keyed by its problem first: the
+  factors of `group_ids`' code (DAPO's refill asks which problems hold a group with reward
+  variance, `training/refill.py`). A grouping that pools problems has no problem's group."""
+  factors = {"problem": ("problem_id",), "problem_agent": ("problem_id", "agent_id"),
+             "problem_turn_agent": ("problem_id", "turn", "agent_id"),
+             "problem_turn_agent_state": ("problem_id", "turn", "agent_id", "state")}
+  if group_by not in factors:
+    raise ValueError(f"group_by {group_by!r} pools problems, so no problem carries a group of "
+                     "its own; expected a grouping with a problem factor")
+  return tuple(getattr(sample, name) for name in factors[group_by])
+
+
+def slot_ids(batch: SampleBatch, space: GroupSpace) -> tuple[jax.Array, int, int, jax.Array]:
+  """(dense slot [N] of each sample in the [num_trajs, max_turns * num_agents] acting-order
+  grid, the slot count, slots per trajectory, whether the sample's ids are in range [N]):
+  the order MARFT's GAE runs its agents in (turn by turn, agents in order within a turn)."""
+  s = space.max_turns * space.num_agents
+  ok = (in_range(batch.traj_id, 0, space.num_trajs) & in_range(batch.turn, 0, space.max_turns)
+        & in_range(batch.agent_id, 0, space.num_agents))
+  slot = batch.traj_id * s + batch.turn * space.num_agents + batch.agent_id
+  return slot, space.num_trajs * s, s, ok
+
+
+def branch_of(traj: int, trajs_per_problem: int) -> int:
+  """The branch of trajectory `traj` within its problem (the inverse of `traj_id`)."""
+  return traj % trajs_per_problem
+
+
 # ----------------------------------------------------------------------------- the train batch
 
 
@@ -295,7 +351,7 @@ class TrainBatch:
   ref_logp: jax.Array | None = None  # [N, R] f32 frozen reference log-probs (KL term)
   num_prompts: int | None = flax.struct.field(pytree_node=False, default=None)
   # Static: the policy of each block of a stacked batch that holds only some policies' blocks
-  # (an update on the trained rows, `parallel/minibatch.py`); None: block p is policy p.
+  # (an update on the trained rows, `parallel/update.py`); None: block p is policy p.
   policies: tuple[int, ...] | None = flax.struct.field(pytree_node=False, default=None)
 
 
@@ -352,7 +408,7 @@ def round_rows(n: int, multiple: int = 1, minimum: int = 1) -> int:
   """The rows that hold `n` samples: at least `minimum`, bucketed by `round_bucket` with
   `ROW_BLOCK` (padding under 8 rows, few shapes) and a multiple of `multiple` (the devices x
   micro-batches the rows split over). A batch's blocks (`BatchShape.sizes`) and the PPO
-  mini-batches that hold fewer kept samples than `mini_batch_size` (`parallel/minibatch.py`)."""
+  mini-batches that hold fewer kept samples than `mini_batch_size` (`parallel/update.py`)."""
   return round_up(max(minimum, round_bucket(n, ROW_BLOCK)), multiple)
 
 

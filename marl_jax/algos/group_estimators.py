@@ -1,5 +1,5 @@
-"""Group-relative advantage estimators: GRPO, AT-GRPO, Dr. MAS, Dr. GRPO, RLOO, ReMax and
-Dr. MAS's trajectory GRPO.
+"""Group-relative advantage estimators: GRPO, AT-GRPO, Dr. MAS, Dr. GRPO, RLOO and Dr. MAS's
+trajectory GRPO.
 
 Group statistics are segment reductions over static segment counts (`GroupSpace`, see
 `segments`), exact across devices, so every device derives identical group decisions (filtering
@@ -57,22 +57,12 @@ def _group_estimate(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
   valid = batch.sample_mask & ok
   cnt, mean, std = moments(r, ids, valid, num, cfg.std_ddof, axis_name)
   constant = seg_max(r, ids, valid, num, axis_name) <= -seg_max(-r, ids, valid, num, axis_name)
-  in_kept_group = valid & _filter_keep(ids, num, valid, batch.policy_id, space.num_agents, mean,
-                                       constant, cfg, axis_name)
+  keep = valid & _filter_keep(ids, num, valid, batch.policy_id, space.num_agents, mean, constant,
+                              cfg, axis_name)
   g_cnt, g_mean, g_std = take(cnt, ids), take(mean, ids), take(std, ids)
-  train = valid
-  metrics = {}
   if name == "rloo":
     # Leave-one-out mean: r_i - (sum - r_i) / (n - 1) = n / (n - 1) * (r_i - mean).
     adv = jnp.where(g_cnt > 1, g_cnt / jnp.maximum(g_cnt - 1.0, 1.0) * (r - g_mean), 0.0)
-  elif name == "remax":
-    greedy = valid & batch.is_greedy
-    n_greedy = seg_sum(jnp.ones_like(r), ids, greedy, num, axis_name)
-    base = seg_sum(r, ids, greedy, num, axis_name) / jnp.maximum(n_greedy, 1.0)
-    has_base = take(n_greedy, ids) > 0
-    adv = jnp.where(has_base, r - take(base, ids), 0.0)
-    train = valid & ~batch.is_greedy & has_base
-    metrics["groups_without_greedy"] = jnp.sum((cnt > 0) & (n_greedy == 0)).astype(jnp.float32)
   else:
     if name == "drmas":  # a singleton group has no statistics: mean 0, std 1
       g_mean = jnp.where(g_cnt > 1, g_mean, 0.0)
@@ -80,13 +70,12 @@ def _group_estimate(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
     adv = r - g_mean
     if cfg.normalize_std:
       adv = adv / (g_std + cfg.eps)
-  keep = train & in_kept_group
   if cfg.normalize_states:
     adv = adv / (_state_rms(adv, batch, space, keep, axis_name) + cfg.eps)
   if cfg.balance_states:
     adv = adv * _state_weights(batch, space, keep, axis_name)
-  kept_cnt = seg_sum(jnp.ones_like(r), ids, in_kept_group, num, axis_name)
-  metrics.update(groups=jnp.sum(cnt > 0).astype(jnp.float32),
+  kept_cnt = seg_sum(jnp.ones_like(r), ids, keep, num, axis_name)
+  metrics = dict(groups=jnp.sum(cnt > 0).astype(jnp.float32),
                  groups_kept=jnp.sum(kept_cnt > 0).astype(jnp.float32))
   return finalize(jnp.where(keep, adv, 0.0), None, valid, keep, batch, cfg, axis_name, metrics)
 
@@ -149,17 +138,6 @@ def rloo(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
          axis_name: AxisName = None) -> AdvantageOutput:
   """RLOO: baseline = mean of the *other* samples of the group (unbiased); singletons get 0."""
   return _group_estimate(batch, cfg, space, axis_name, "rloo")
-
-
-def remax(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
-          axis_name: AxisName = None) -> AdvantageOutput:
-  """ReMax: baseline = reward of the group's greedy sample(s) (`is_greedy`; mean if several).
-
-  The greedy samples only provide the baseline and are removed from the output `sample_mask`;
-  a group without a greedy sample has no baseline, so its samples are dropped as well (counted in
-  the `groups_without_greedy` metric). CoMLRL's "max" baseline is `magrpo` with `baseline="max"`.
-  """
-  return _group_estimate(batch, cfg, space, axis_name, "remax")
 
 
 def traj_grpo(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,

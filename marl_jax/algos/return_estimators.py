@@ -6,13 +6,12 @@ arrays, so a trajectory or tree may be split over devices.
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from marl_jax.algos import gae
 from marl_jax.algos.advantage_config import (AdvantageConfig, AdvantageOutput, check_estimator,
                                              finalize)
-from marl_jax.algos.batch import GroupSpace, SampleBatch, mixed_reward
+from marl_jax.algos.batch import GroupSpace, SampleBatch, mixed_reward, slot_ids
 from marl_jax.algos.segments import AxisName, in_range, moments, seg_max, seg_sum, take
 
 
@@ -70,15 +69,6 @@ def magrpo(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
 # ----------------------------------------------------------------------------- MARFT GAE
 
 
-def _slots(batch: SampleBatch, space: GroupSpace) -> tuple[jax.Array, int, int, jax.Array]:
-  """Dense slot of each sample in the [num_trajs, max_turns * num_agents] acting-order grid."""
-  s = space.max_turns * space.num_agents
-  ok = (in_range(batch.traj_id, 0, space.num_trajs) & in_range(batch.turn, 0, space.max_turns)
-        & in_range(batch.agent_id, 0, space.num_agents))
-  slot = batch.traj_id * s + batch.turn * space.num_agents + batch.agent_id
-  return slot, space.num_trajs * s, s, ok
-
-
 def gae_action(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
                axis_name: AxisName = None) -> AdvantageOutput:
   """MARFT action-level GAE: agents are sub-steps of a turn, ordered (turn, agent) per trajectory.
@@ -90,7 +80,7 @@ def gae_action(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
   """
   check_estimator(cfg, "gae_action", space, "num_trajs")
   cfg = cfg.resolved()
-  slot, num, s, ok = _slots(batch, space)
+  slot, num, s, ok = slot_ids(batch, space)
   valid = batch.sample_mask & ok
   r = mixed_reward(batch, cfg.alpha)
   cnt = seg_sum(jnp.ones_like(r), slot, valid, num, axis_name)
@@ -113,7 +103,7 @@ def gae_token(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
   """
   check_estimator(cfg, "gae_token", space, "num_trajs")
   cfg = cfg.resolved()
-  slot, num, s, ok = _slots(batch, space)
+  slot, num, s, ok = slot_ids(batch, space)
   tmask = batch.token_mask & (batch.sample_mask & ok)[:, None]
   present = jnp.any(tmask, axis=1)
   first = jnp.argmax(tmask, axis=1)[:, None]

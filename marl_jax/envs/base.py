@@ -108,7 +108,7 @@ class Workflow:
   exit_when: Callable[[str], bool] | None = None  # loop only
   route: Callable[[str], str] | None = None  # router only: router reply -> next agent
   spawn: Callable[[str], tuple[str, ...]] | None = None  # spawn only: reply -> workers to run
-  topology: str = "planner_executor_critic"  # trace topology label (PAPERS.md section 5)
+  topology: str = "planner_executor_critic"  # trace topology label (docs/papers.md section 5)
   num_states: int = 1  # the observations' `state` ids lie in [0, num_states)
 
 

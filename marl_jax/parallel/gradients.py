@@ -1,23 +1,21 @@
 """The per-device body of the train step (inside shard_map): advantages, losses, gradients, metrics.
 
 `local_grads` wires the parts, each a function of its own:
-  0. with PPO mini-batches / epochs (or old log-probs recomputed by the learner, or truncated IS
-     weights), `rollout_targets` runs first, once per rollout over the WHOLE batch: advantages,
-     returns and the group filter's kept samples (groups span mini-batches, so none of them can
-     be computed from one), the learner's old log-probs and the IS weights. They are then held
-     fixed across every update of the rollout and reach `local_grads` as `RolloutTargets`;
-  1. `advantages_and_denominators`: advantages on device (the estimator psums its segment
-     statistics over ('data', 'fsdp'), so groups split across devices get exact global
-     statistics), then every loss term's global denominators (they depend on masks only, so
-     they are evaluated once at the behaviour log-probs): a micro-batch's loss is its numerators
-     over the *global* denominators, and micro-batches and devices add up to exactly the
-     full-batch loss;
+  0. `rollout_targets` runs first, once per rollout over the WHOLE batch: advantages on device
+     (the estimator psums its segment statistics over ('data', 'fsdp'), so groups split across
+     devices get exact global statistics), returns and the group filter's kept samples (groups
+     span mini-batches, so none of them can be computed from one); `learner_old_logp` then adds
+     the learner's old log-probs and IS weights of the rows the updates train on, when
+     configured. They are held fixed across every update of the rollout and reach `local_grads`
+     as `RolloutTargets` (`parallel/update.py`);
+  1. `advantages_and_denominators`: the update's rows' targets, then every loss term's global
+     denominators (they depend on masks only, so they are evaluated once at the behaviour
+     log-probs): a micro-batch's loss is its numerators over the *global* denominators, and
+     micro-batches and devices add up to exactly the update's loss;
   2. `micro_batch_loss` (policy loss per (policy, agent) segment plus `critic_loss`) and
      `micro_batch_grads` (its gradient, or with per-agent gradient norms `agent_vjp_grads`),
      accumulated over micro-batches by `accumulate_grads` and all-reduced once;
   3. `step_metrics`: the reported scalars and per-agent vectors.
-Without `RolloutTargets`, step 1 estimates the advantages of the batch it is given (one update
-per rollout: the batch is the rollout).
 
 Loss normalisation is per policy: each policy's loss is its own samples' numerators over its own
 denominators (Dr. MAS: "each model is updated on its own sub-batch"); a shared policy is one
@@ -33,7 +31,7 @@ is an option).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import chex
 import flax.struct
@@ -47,9 +45,7 @@ from marl_jax.algos.advantages import estimate
 from marl_jax.algos.batch import mixed_reward
 from marl_jax.parallel import layouts, policies
 from marl_jax.parallel.mesh import BATCH_AXES, FSDP
-
-if TYPE_CHECKING:
-  from marl_jax.parallel.train_step import TrainConfig
+from marl_jax.parallel.train_config import TrainConfig
 
 
 def reduce_axes(spec: P) -> tuple[str, ...]:
@@ -124,9 +120,10 @@ class RolloutTargets:
 
 
 def split_micro_map(cfg: TrainConfig, fn, tree: Any) -> Any:
-  """`fn` over `cfg.micro_batches` micro-batches of `tree` (one at a time: lax.map), results put
-  back on the sample axis; without gradients only one micro-batch's activations are live."""
-  if cfg.micro_batches == 1:
+  """`fn` over `cfg.train.micro_batches` micro-batches of `tree` (one at a time: lax.map), its
+  results put back on the sample axis; without gradients one micro-batch's activations are
+  live at a time."""
+  if cfg.train.micro_batches == 1:
     return fn(tree)
   out = jax.lax.map(fn, split_micro(cfg, tree))
   ax = cfg.policy.sample_axis
@@ -134,21 +131,17 @@ def split_micro_map(cfg: TrainConfig, fn, tree: Any) -> Any:
       x.shape[1:ax + 1] + (-1,) + x.shape[ax + 2:]), out)
 
 
-def rollout_targets(cfg: TrainConfig, params, frozen, specs, batch, recompute: bool = True
-                    ) -> tuple[Any, RolloutTargets, dict[str, jax.Array]]:
-  """Per-device body of the once-per-rollout pass (module docstring, step 0): (the batch, with
-  `old_logp` replaced by the learner's when `cfg.recompute_old_logp` and `recompute`, its
+def rollout_targets(cfg: TrainConfig, batch) -> tuple[Any, RolloutTargets, dict[str, jax.Array]]:
+  """Per-device body of the once-per-rollout pass (module docstring, step 0): (the batch, its
   targets, the global advantage metrics). The advantages read only the samples' rewards and ids;
-  `recompute=False` leaves the learner's forward to `learner_old_logp` on the rows an update
-  trains on (`parallel/minibatch.py`)."""
+  the learner's old log-probs, when configured, are `learner_old_logp`'s, on the rows the
+  updates train on (`parallel/update.py`)."""
   layout = layouts.of(cfg.policy)
   adv = estimate(flat_field(cfg, batch, "samples"), cfg.advantage, cfg.space,
                  axis_name=BATCH_AXES)
   targets = layout.unflatten(cfg.policy, RolloutTargets(
       advantages=adv.advantages, returns=adv.returns, sample_mask=adv.sample_mask,
       is_weight=None), batch)
-  if recompute and cfg.recompute_old_logp:
-    batch, targets = learner_old_logp(cfg, params, frozen, specs, batch, targets)
   return batch, targets, adv.metrics
 
 
@@ -161,10 +154,10 @@ def learner_old_logp(cfg: TrainConfig, params, frozen, specs, batch, targets: An
   samples = flat_field(cfg, batch, "samples")
   logp = split_micro_map(cfg, lambda b: policies.token_logprobs(
       cfg.policy, params, frozen, specs, b, temperature=cfg.temperature,
-      logits_chunk=cfg.logits_chunk)[0], batch)
-  if cfg.tis_cap is not None:
+      logits_chunk=cfg.train.logits_chunk)[0], batch)
+  if cfg.train.tis_cap is not None:
     is_weight = jnp.where(samples.token_mask, losses.tis_weight(
-        layout.flatten(cfg.policy, logp), flat_field(cfg, batch, "old_logp"), cfg.tis_cap,
+        layout.flatten(cfg.policy, logp), flat_field(cfg, batch, "old_logp"), cfg.train.tis_cap,
         cfg.loss.log_ratio_limit), 1.0)
     weights = layout.unflatten(cfg.policy, is_weight, batch)
     targets = jax.tree.map(lambda t, w: t.replace(is_weight=w), targets, weights,
@@ -185,23 +178,18 @@ class Prepass(NamedTuple):
   is_weight: jax.Array | None = None  # [n, R] truncated IS weights (RolloutTargets)
 
 
-def advantages_and_denominators(cfg: TrainConfig, batch: Any,
-                                targets: Any = None) -> Prepass:
-  """Advantages (exact global group statistics; or the rollout's `targets`) and every loss
-  term's global denominators (over this batch: with mini-batches, over the mini-batch)."""
+def advantages_and_denominators(cfg: TrainConfig, batch: Any, targets: Any) -> Prepass:
+  """The rollout's advantages for this batch's rows (`targets`, `rollout_targets`'s) and every
+  loss term's global denominators over this batch (a mini-batch: over the mini-batch)."""
   A, Pn = cfg.space.num_agents, cfg.policy.num_policies
   samples = flat_field(cfg, batch, "samples")
   old_logp = flat_field(cfg, batch, "old_logp")
   chex.assert_rank(old_logp, 2)
   chex.assert_equal_shape([old_logp, samples.token_mask])
-  is_weight = None
-  if targets is None:
-    adv = estimate(samples, cfg.advantage, cfg.space, axis_name=BATCH_AXES)
-  else:
-    t = layouts.of(cfg.policy).flatten(cfg.policy, targets)
-    adv = AdvantageOutput(advantages=t.advantages, returns=t.returns,
-                          sample_mask=t.sample_mask & samples.sample_mask, metrics={})
-    is_weight = t.is_weight
+  t = layouts.of(cfg.policy).flatten(cfg.policy, targets)
+  adv = AdvantageOutput(advantages=t.advantages, returns=t.returns,
+                        sample_mask=t.sample_mask & samples.sample_mask, metrics={})
+  is_weight = t.is_weight
   tmask = samples.token_mask & adv.sample_mask[:, None]
   # Denominators depend on masks only: evaluate the terms once at the behaviour log-probs.
   ent0 = jnp.zeros_like(old_logp) if cfg.with_entropy else None
@@ -223,7 +211,7 @@ def critic_loss(cfg: TrainConfig, params, frozen, specs, b, returns, tmask, dens
   """MARFT's value loss of micro-batch `b` (flat returns / tmask [n, R]) over its global
   denominator, and the value metrics."""
   layout = layouts.of(cfg.policy)
-  values = policies.critic_values(cfg.policy, params, frozen, specs, b, remat=cfg.remat)
+  values = policies.critic_values(cfg.policy, params, frozen, specs, b, remat=cfg.train.remat)
   vterm, value_metrics = losses.value_loss(
       *value_inputs(cfg.advantage.estimator, layout.flatten(cfg.policy, values),
                     flat_field(cfg, b, "samples"), returns, tmask), cfg.loss)
@@ -240,8 +228,8 @@ def micro_batch_loss(cfg: TrainConfig, params, frozen, specs, mb, dens):
   b, adv_mb, tmask_mb, returns_mb, is_weight_mb = mb
   logp, ent = policies.token_logprobs(cfg.policy, params, frozen, specs, b,
                                       temperature=cfg.temperature,
-                                      with_entropy=cfg.with_entropy, remat=cfg.remat,
-                                      logits_chunk=cfg.logits_chunk)
+                                      with_entropy=cfg.with_entropy, remat=cfg.train.remat,
+                                      logits_chunk=cfg.train.logits_chunk)
   terms, metrics = segment_terms(
       cfg, flat(logp), flat_field(cfg, b, "old_logp"), flat(adv_mb), flat(tmask_mb),
       flat_field(cfg, b, "ref_logp"), None if ent is None else flat(ent),
@@ -257,7 +245,7 @@ def micro_batch_loss(cfg: TrainConfig, params, frozen, specs, mb, dens):
     value, value_metrics = critic_loss(cfg, params, frozen, specs, b, flat(returns_mb),
                                        flat(tmask_mb), dens)
     total = total + value
-  out = jnp.concatenate([total[None], shares]) if cfg.agent_grad_norms else total
+  out = jnp.concatenate([total[None], shares]) if cfg.train.agent_grad_norms else total
   return out, (terms, metrics, value_metrics)
 
 
@@ -272,7 +260,7 @@ def agent_vjp_grads(loss_fn, params, num_agents: int):
 def micro_batch_grads(cfg: TrainConfig, params, frozen, specs, mb, dens):
   """(gradients, loss, aux) of one micro-batch, marked varying over the batch axes."""
   loss_fn = lambda p: micro_batch_loss(cfg, p, frozen, specs, mb, dens)
-  if cfg.agent_grad_norms:
+  if cfg.train.agent_grad_norms:
     grads, out, aux = agent_vjp_grads(loss_fn, params, cfg.space.num_agents)
   else:
     (out, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -281,18 +269,19 @@ def micro_batch_grads(cfg: TrainConfig, params, frozen, specs, mb, dens):
 
 def split_micro(cfg: TrainConfig, tree: Any) -> Any:
   """Sample axis n -> a leading micro-batch axis [M, ..., n / M, ...]."""
-  ax, M = cfg.policy.sample_axis, cfg.micro_batches
+  ax, M = cfg.policy.sample_axis, cfg.train.micro_batches
   return jax.tree.map(lambda x: jnp.moveaxis(
       x.reshape(x.shape[:ax] + (M, x.shape[ax] // M) + x.shape[ax + 1:]), ax, 0), tree)
 
 
 def accumulate_grads(cfg: TrainConfig, params, frozen, specs, mb_inputs, pre: Prepass):
-  """Local gradients, loss and aux summed over `cfg.micro_batches` micro-batches (a lax.scan)."""
-  if cfg.micro_batches == 1:  # no accumulators to fill and add
+  """Local gradients, loss and aux summed over the `cfg.train.micro_batches` micro-batches (a
+  lax.scan)."""
+  if cfg.train.micro_batches == 1:  # no accumulators to fill and add
     return micro_batch_grads(cfg, params, frozen, specs, mb_inputs, pre.dens)
   # Accumulators: gradients like params (one per output row), loss terms and metrics like the
   # pre-pass's (their per-segment shapes do not depend on the batch size).
-  rows = (1 + cfg.space.num_agents,) if cfg.agent_grad_norms else ()
+  rows = (1 + cfg.space.num_agents,) if cfg.train.agent_grad_norms else ()
   acc0 = jax.tree.map(lambda x: vary(jnp.zeros(x.shape, x.dtype)), (
       jax.tree.map(lambda p: jnp.zeros(rows + p.shape, p.dtype), params),
       jnp.zeros(rows, jnp.float32), (pre.terms0, pre.metrics0, pre.value_metrics0)))
@@ -316,7 +305,6 @@ def step_metrics(cfg: TrainConfig, loss, pre: Prepass, samples, terms, metrics, 
   """Global scalars (loss, advantage statistics, loss terms) and per-agent [A] vectors."""
   A, Pn = cfg.space.num_agents, cfg.policy.num_policies
   report = {"loss": loss}
-  report.update({f"adv/{k}": v for k, v in pre.adv.metrics.items()})
   for name, nd in {**terms, **metrics}.items():
     nd = jax.tree.map(lambda x: x.reshape(Pn, A).sum(0), psum_nd(nd))  # per agent
     report[f"agent/{name}"] = nd.value()
@@ -332,8 +320,8 @@ def step_metrics(cfg: TrainConfig, loss, pre: Prepass, samples, terms, metrics, 
   return report
 
 
-def local_grads(cfg: TrainConfig, params, frozen, batch, targets: Any, specs):
-  """Per-device body: advantages (or the rollout's `targets`), denominators, accumulated
+def local_grads(cfg: TrainConfig, params, frozen, batch, targets: RolloutTargets, specs):
+  """Per-device body of one update: the rows' targets and the denominators, accumulated
   gradients, metrics."""
   train_specs, _ = specs
   layout = layouts.of(cfg.policy)
@@ -350,9 +338,9 @@ def local_grads(cfg: TrainConfig, params, frozen, batch, targets: Any, specs):
   grads = jax.tree.map(lambda s, g: jax.lax.psum(g, reduce_axes(s)) if reduce_axes(s) else g,
                        train_specs, grads, is_leaf=is_spec)
   out = jax.lax.psum(out, BATCH_AXES)
-  report = step_metrics(cfg, out[0] if cfg.agent_grad_norms else out, pre,
+  report = step_metrics(cfg, out[0] if cfg.train.agent_grad_norms else out, pre,
                         flat_field(cfg, batch, "samples"), terms, metrics, value_metrics)
-  if cfg.agent_grad_norms:
+  if cfg.train.agent_grad_norms:
     report["agent/grad_norm"] = agent_grad_norms(grads, train_specs, cfg.space.num_agents)
     grads = jax.tree.map(lambda g: g[0], grads)
   return grads, report

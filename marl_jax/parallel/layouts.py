@@ -16,6 +16,9 @@ Every sample's `policy_id` names its policy (for "mapped", the index into `names
 log-probs come from `algos/logprobs.py` (the same quantity the sampler records). The params,
 optimizers, specs and log-probs of a `PolicyConfig` are in `parallel/policies.py`, which asks the
 layout for every per-kind part.
+
+(Over 400 lines: by design every kind-dependent rule is here, one class per kind, so that no
+other module compares kind strings.)
 """
 
 from __future__ import annotations
@@ -115,8 +118,13 @@ class Layout:
     """The pad id of each row block, from one pad id per model config."""
     return [pad_ids[0]]
 
-  def join(self, cfg: PolicyConfig, parts: list[TrainBatch]) -> Any:
-    """Equal-shaped row blocks -> the batch in this layout."""
+  def split(self, cfg: PolicyConfig, tree: Any) -> list[Any]:
+    """A tree in batch layout (a batch, or targets in its layout) -> one tree per row block."""
+    return [tree]
+
+  def join(self, cfg: PolicyConfig, parts: list[Any]) -> Any:
+    """Inverse of `split`: row blocks (host or device arrays; a stacked layout's of equal
+    shapes) -> the tree in this layout."""
     return parts[0]
 
   def check_batch(self, cfg: PolicyConfig, batch: Any) -> None:
@@ -224,8 +232,14 @@ class Stacked(_PerPolicyBlocks):
     blocks = np.shape(like.response)[0]  # num_policies, or fewer (`TrainBatch.policies`)
     return jax.tree.map(lambda x: x.reshape((blocks, -1) + x.shape[1:]), flat)
 
+  def split(self, cfg, tree):
+    blocks = np.shape(jax.tree.leaves(tree)[0])[0]  # num_policies, or fewer (`batch.policies`)
+    return [jax.tree.map(lambda x, p=p: x[p], tree) for p in range(blocks)]
+
   def join(self, cfg, parts):
-    return jax.tree.map(lambda *xs: np.stack(xs), *parts)
+    stack = lambda *xs: (np.stack(xs) if all(isinstance(x, np.ndarray) for x in xs)
+                         else jnp.stack(xs))
+    return jax.tree.map(stack, *parts)
 
   def check_batch(self, cfg, batch):
     lead = np.shape(batch.response)[0]
@@ -280,6 +294,9 @@ class Mapped(_PerPolicyBlocks):
 
   def block_pad_ids(self, cfg, pad_ids):
     return list(pad_ids)
+
+  def split(self, cfg, tree):
+    return [tree[k] for k in cfg.names]
 
   def join(self, cfg, parts):
     return dict(zip(cfg.names, parts))

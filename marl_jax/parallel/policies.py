@@ -59,10 +59,7 @@ class PolicyConfig:
       raise ValueError(f"num_policies must be an int >= 1, got {P!r}")
     if not layout.per_role and P != 1:
       raise ValueError(f"a {self.kind} policy has num_policies=1, got {P}")
-    want_models = P if layout.per_policy_models else 1
-    if len(self.models) != want_models:
-      raise ValueError(f"policy kind {self.kind!r} with {P} policies needs {want_models} model "
-                       f"config(s), got {len(self.models)}")
+    check_team(self.kind, P, len(self.models), self.critic)
     if layout.per_policy_models and (len(self.names) != P or len(set(self.names)) != P):
       raise ValueError(f"{self.kind} policies need {P} distinct names, got {self.names!r}")
     if not layout.per_policy_models and self.names:
@@ -70,9 +67,6 @@ class PolicyConfig:
     if layout.adapters != (self.lora is not None):
       raise ValueError(f"a LoraConfig is required by kind 'lora' and only by it (kind "
                        f"{self.kind!r}, lora={self.lora!r})")
-    if self.critic is not None and not layout.adapters:
-      raise ValueError(f"a critic needs a frozen base model (kind 'lora'), got kind "
-                       f"{self.kind!r}")
     if len(self.optim) not in (1, P):
       raise ValueError(f"optim has {len(self.optim)} configs; expected 1 or num_policies={P}")
     if len({m.compute_dtype for m in self.models}) > 1:
@@ -91,6 +85,22 @@ class PolicyConfig:
 
   def optim_of(self, p: int) -> optim_lib.OptimConfig:
     return self.optim[p if len(self.optim) > 1 else 0]
+
+
+def check_team(kind: str, num_policies: int, num_models: int,
+               critic: tuple[int, ...] | None) -> None:
+  """What a policy layout asks of a team's models and critic; the ValueError names the config
+  fields (`policy.models`, `policy.critic`, `policy.kind`)."""
+  layout = layouts.LAYOUTS.get(kind)
+  want = num_policies if layout.per_policy_models else 1
+  if num_models != want:
+    raise ValueError(f"policy.models has {num_models} model(s) for policy.kind={kind!r} with "
+                     f"{num_policies} policies; expected {want} ("
+                     + ("one per policy, in agent order)" if layout.per_policy_models else
+                        "per-policy models are for kind 'mapped')"))
+  if critic is not None and not layout.adapters:
+    raise ValueError(f"policy.critic={tuple(critic)} needs policy.kind='lora' (the frozen base "
+                     f"model is the critic's trunk), got {kind!r}")
 
 
 def init_params(cfg: PolicyConfig, key: jax.Array, base: Params | dict[str, Params] | None = None

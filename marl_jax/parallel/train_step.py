@@ -1,198 +1,73 @@
-"""The training step: one jitted function, shard_map'ed over the ('data', 'fsdp', 'tensor') mesh.
+"""The learner's jitted functions, shard_map'ed over the ('data', 'fsdp', 'tensor') mesh.
 
     fns = make_train_step(TrainConfig(...), mesh)
     trainable, frozen = fns.shard_params(trainable, frozen)
-    state = fns.init(trainable)                             # TrainState (takes ownership)
+    state = fns.init(trainable)                          # TrainState (takes ownership)
     batch = fns.shard_batch(batch)
-    batch = fns.old_values(state.params, frozen, batch)     # critic configs only (MARFT)
-    batch = fns.ref_logp(reference, frozen, batch)          # loss.kl_coef > 0 only
-    state, metrics = fns.step(state, frozen, batch)         # one update per rollout, or:
-    batch, targets, adv_metrics = fns.prepare(state.params, frozen, batch, recompute=False)
-    rows = fns.ref_logp(reference, frozen, rows)            # the same, on the trained rows only
-    batch, targets = fns.recompute(state.params, frozen, rows, their_targets)  # if configured
-    state, metrics = fns.step(state, frozen, mini_batch, targets_of_mini_batch)  # per update
+    state, metrics = update.run(fns, cfg, state, frozen, batch, rng)   # every update of a rollout
 
-PPO mini-batches and epochs, and updates on the trained rows only (`parallel/minibatch.py`
-drives the updates), need the rollout's advantages fixed before the first update: `prepare`
-computes them over the whole rollout (`gradients.rollout_targets`), `ref_logp` and `recompute`
-the reference's and the learner's old log-probs of the rows the updates train on, and each
-update's step takes them as `RolloutTargets`.
+`parallel/update.py` is the one path every config takes through them: `check` (the batch's
+host-side checks), `old_values` (a critic's values, MARFT), `prepare` (the rollout's targets:
+advantages, returns and the group filter's kept samples, over the whole batch, since groups span
+mini-batches), `ref_logp` (the KL reference's log-probs) and `recompute` (the learner's old
+log-probs and truncated IS weights) of the rows the updates train on, then `step` once per
+mini-batch of every epoch, each taking its rows' `RolloutTargets`. A single full-batch update is
+the case of one epoch of one mini-batch.
 
-Inside the shard_map each device holds a slice of the samples and FSDP shards of the params, and
-`parallel/gradients.local_grads` computes advantages, global loss denominators, gradients
-accumulated over micro-batches (log-probs recomputed by a teacher-forced forward, params gathered
-layer by layer inside the layer scan; autodiff turns the FSDP gathers into reduce-scatters) and
-metrics. Then, outside the shard_map but in the same jit, `guarded_update` applies the optax
-update (the optimizer state is split like the params: `init` places it so, the step keeps its
-shardings) behind the guards: if the loss or any gradient is not finite, params and optimizer
-state come back bitwise unchanged and `state.skipped` counts it;
-with `target_kl`, a policy step whose approximate KL exceeds it is skipped (the critic still
+`step` is `apply_update`: inside the shard_map each device holds a slice of the samples and FSDP
+shards of the params, and `gradients.local_grads` computes the global loss denominators,
+gradients accumulated over micro-batches (log-probs recomputed by a teacher-forced forward,
+params gathered layer by layer inside the layer scan; autodiff turns the FSDP gathers into
+reduce-scatters) and metrics. Then, outside the shard_map but in the same jit,
+`guarded_update` applies the optax update (the optimizer state is split like the params: `init`
+places it so, the step keeps its shardings) behind the guards: if the loss or any gradient is
+not finite, params and optimizer state come back bitwise unchanged and `state.skipped` counts
+it; with `target_kl`, a policy step whose approximate KL exceeds it is skipped (the critic still
 trains), as MARFT does. `make_train_step` only wires these with the mesh, the shardings and the
-host-side batch checks (`layouts.validate_batch`).
+host-side batch checks (`check`: `layouts.validate_batch`, once per rollout).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, Callable, NamedTuple
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
-from marl_jax.algos import critic as critic_lib
-from marl_jax.algos import losses, optim
-from marl_jax.algos.advantage_config import AdvantageConfig
-from marl_jax.algos.batch import GroupSpace, TrainBatch
+from marl_jax.algos import optim
+from marl_jax.algos.batch import TrainBatch
 from marl_jax.models import precision
 from marl_jax.parallel import gradients, layouts, policies, sharding
 from marl_jax.parallel.mesh import BATCH_AXES, DATA, FSDP, batch_shards
+from marl_jax.parallel.train_config import TrainConfig, TrainState
 
-__all__ = ["TrainConfig", "TrainFns", "TrainState", "guarded_update", "make_train_step"]
-
-
-@flax.struct.dataclass
-class TrainState:
-  step: jax.Array  # [] int32 steps taken (skipped ones included)
-  params: Any  # trainable params: {'policy': ..., 'critic': ...}
-  opt_state: Any  # {'policy': ..., 'critic': ...}
-  skipped: jax.Array  # [] int32 updates skipped by the non-finite guard
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-  """Everything static about the step.
-
-  Attributes:
-    policy: the policy layout (and critic).
-    advantage: estimator and options.
-    loss: loss terms and aggregation.
-    space: id ranges of the batch (static segment counts).
-    agent_policies: policy of each agent (len = space.num_agents); None: every agent uses
-      policy 0 when there is one policy, agent i uses policy i when there is one per agent.
-    temperature: the learner's temperature: its log-probs are log_softmax(logits / temperature).
-      The paper configs say which they use (verl-based AT-GRPO / Dr. MAS: the sampling one;
-      CoMLRL's MAGRPO and MARFT: 1).
-    micro_batches: gradient accumulation steps per device.
-    remat: rematerialise each layer in the backward pass instead of keeping its activations
-      (SmolLM2-135M, 8 x 256 tokens, one CPU core: peak RSS 3.2 GB instead of 7.5 GB for ~3%
-      more step time; 8 x (256 + 256) tokens, two cores: 4.8 GB and 32.5 s instead of 13.7 GB
-      and 35.4 s, faster for moving less memory).
-    logits_chunk: response positions per LM-head slice in every learner forward (the loss, the
-      old-log-prob and KL-reference passes): the [B, R, V] fp32 logits exist one [B, chunk, V]
-      slice at a time, forward and backward. None: whole.
-    with_entropy: compute per-token entropies (for an entropy bonus, else only the metric).
-    agent_grad_norms: report per-agent gradient norms (A extra backward passes).
-    target_kl: skip the policy update when the approximate KL exceeds this (MARFT); None: off.
-    mini_batch_size: samples per optimizer update (per policy block for stacked / mapped
-      teams): each epoch shuffles the rollout's kept samples and updates once per
-      mini-batch (`parallel/minibatch.py`); None: the whole rollout batch in one update.
-    epochs: passes over the rollout batch (PPO epochs).
-    recompute_old_logp: before the first update, replace the sampler's log-probs by the
-      learner's (a teacher-forced forward at `temperature`; verl's default), so the PPO ratio
-      measures only the policy's change.
-    tis_cap: truncated importance-sampling weight min(exp(learner - sampler log-prob), tis_cap)
-      on every token's policy loss, for the sampler/learner mismatch (verl, Tunix); needs
-      `recompute_old_logp`. None: off.
-    reference_policies: the policies whose rows the KL reference pass sees (sorted ids; the
-      trainer: those acting for `config.train.agents`, whose rows alone the updates keep,
-      `parallel/minibatch.py`). A stacked team's reference copies only their blocks and refuses
-      a batch with another policy's block; the other layouts copy every policy (a mapped batch
-      keeps a block per model). None: every policy.
-  """
-  policy: policies.PolicyConfig
-  advantage: AdvantageConfig
-  loss: losses.LossConfig
-  space: GroupSpace
-  agent_policies: tuple[int, ...] | None = None
-  temperature: float = 1.0
-  micro_batches: int = 1
-  remat: bool = False
-  logits_chunk: int | None = None
-  with_entropy: bool = True
-  agent_grad_norms: bool = False
-  target_kl: float | None = None
-  mini_batch_size: int | None = None
-  epochs: int = 1
-  recompute_old_logp: bool = False
-  tis_cap: float | None = None
-  reference_policies: tuple[int, ...] | None = None
-
-  def __post_init__(self):
-    A, Pn = self.space.num_agents, self.policy.num_policies
-    ref = self.reference_policies
-    if ref is not None and (not ref or list(ref) != sorted(set(ref))
-                            or not set(ref) <= set(range(Pn))):
-      raise ValueError(f"reference_policies={ref!r}; expected None or distinct sorted policy ids "
-                       f"in [0, {Pn})")
-    if ref is not None:
-      object.__setattr__(self, "reference_policies", tuple(ref))
-    if self.agent_policies is None:
-      if Pn not in (1, A):
-        raise ValueError(f"{Pn} policies for {A} agents: set agent_policies (one policy id per "
-                         "agent)")
-      object.__setattr__(self, "agent_policies", tuple(range(A)) if Pn == A else (0,) * A)
-    if len(self.agent_policies) != A:
-      raise ValueError(f"agent_policies has {len(self.agent_policies)} entries but the group "
-                       f"space declares num_agents={A}")
-    missing = sorted({p for p in self.agent_policies if not 0 <= p < Pn})
-    if missing:
-      raise ValueError(f"agent_policies {self.agent_policies} name policy ids {missing} with no "
-                       f"params; the policy config holds {Pn} policies")
-    critic_lib.check_critic(self.advantage.estimator, self.policy.critic,
-                            estimator_field="advantage.estimator", critic_field="policy.critic")
-    if self.entropy_needed and not self.with_entropy:
-      raise ValueError(f"entropy_coef={self.loss.entropy_coef} needs with_entropy=True")
-    if self.target_kl is not None and self.loss.policy_loss != "ppo":
-      raise ValueError("target_kl uses PPO's approximate KL; policy_loss is "
-                       f"{self.loss.policy_loss!r}")
-    if self.micro_batches < 1 or not self.temperature > 0:
-      raise ValueError(f"micro_batches must be >= 1 and temperature > 0, got "
-                       f"{self.micro_batches}, {self.temperature}")
-    if self.logits_chunk is not None and self.logits_chunk < 1:
-      raise ValueError(f"logits_chunk must be >= 1 (or None), got {self.logits_chunk}")
-    if self.epochs < 1 or (self.mini_batch_size is not None and self.mini_batch_size < 1):
-      raise ValueError(f"epochs must be >= 1 and mini_batch_size >= 1 (or None), got "
-                       f"{self.epochs}, {self.mini_batch_size}")
-    if self.loss.policy_loss == "reinforce" and (self.epochs > 1 or self.mini_batch_size):
-      raise ValueError(f"policy_loss 'reinforce' is on-policy (one update per rollout); got "
-                       f"epochs={self.epochs}, mini_batch_size={self.mini_batch_size}, "
-                       "expected 1 and None")
-    if self.tis_cap is not None and not (self.recompute_old_logp and self.tis_cap > 0):
-      raise ValueError(f"tis_cap={self.tis_cap} needs recompute_old_logp=True (the learner's "
-                       "log-probs to weigh against the sampler's) and a cap > 0")
-
-  @property
-  def entropy_needed(self) -> bool:
-    return self.loss.entropy_coef != 0.0
-
-  @property
-  def uses_targets(self) -> bool:
-    """Whether updates take the rollout's targets from `prepare` (else one plain step)."""
-    return (self.mini_batch_size is not None or self.epochs > 1 or self.recompute_old_logp)
+__all__ = ["TrainFns", "apply_update", "guarded_update", "make_train_step"]
 
 
 class TrainFns(NamedTuple):
   init: Callable[[Any], TrainState]
-  # (state, frozen, batch[, targets]) -> (state, metrics)
+  # (state, frozen, batch, targets) -> (state, metrics): one update (`apply_update`), jitted,
+  # state donated; `targets`: the batch's rows of `prepare`'s RolloutTargets.
   step: Callable[..., tuple[TrainState, dict[str, jax.Array]]]
   # trainable -> a TrainState of PartitionSpecs: the shardings `init` gives the state (params
   # with their FSDP specs, optimizer moments split like their params), which `step` keeps.
   state_specs: Callable[[Any], TrainState]
-  # (state, frozen, batch) -> (state, metrics): `step`'s computation, neither checked nor jitted,
-  # to lower for other shapes or devices (experiments/plan.py).
-  update: Callable[[TrainState, Any, Any], tuple[TrainState, dict[str, jax.Array]]]
+  # (state, frozen, batch, targets) -> (state, metrics): `step`'s computation, not jitted, to
+  # lower for other shapes or devices (experiments/plan.py).
+  update: Callable[..., tuple[TrainState, dict[str, jax.Array]]]
   shard_params: Callable[[Any, Any], tuple[Any, Any]]  # (trainable, frozen) -> on the mesh
   shard_batch: Callable[[Any], Any]
-  # (trainable, frozen, batch[, recompute=True]) -> (batch, RolloutTargets, advantage metrics):
-  # the once-per-rollout pass of `gradients.rollout_targets` (recompute=False: without the
-  # learner's old log-probs, which `recompute` then fills on the rows an update trains on).
-  prepare: Callable[..., tuple[Any, gradients.RolloutTargets, Any]]
+  # batch -> None, or ValueError naming what is wrong with its ids, masks or layout
+  # (`layouts.validate_batch`): the host-side checks, once per rollout, before `prepare`.
+  check: Callable[[Any], None]
+  # batch -> (batch, RolloutTargets, advantage metrics): the rollout's targets
+  # (`gradients.rollout_targets`).
+  prepare: Callable[[Any], tuple[Any, gradients.RolloutTargets, Any]]
   # (trainable, frozen, batch, targets) -> (batch, targets) with the learner's old log-probs and
-  # truncated IS weights (`gradients.learner_old_logp`); None unless cfg.recompute_old_logp.
+  # truncated IS weights (`gradients.learner_old_logp`); None unless train.recompute_old_logp.
   recompute: Callable[[Any, Any, Any, Any], tuple[Any, Any]] | None
   # (trainable, frozen, batch) -> the batch with the critic's rollout-time values filled in
   # (`samples.values`, `samples.token_values`); None without a critic.
@@ -218,8 +93,8 @@ def guarded_update(cfg: TrainConfig, tx: optax.GradientTransformation,
   grad_norm = optax.global_norm(grads)  # inf or NaN iff a gradient is
   finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
   apply = {k: finite for k in state.params}
-  if cfg.target_kl is not None:
-    apply["policy"] = finite & (metrics["approx_kl"] <= cfg.target_kl)
+  if cfg.train.target_kl is not None:
+    apply["policy"] = finite & (metrics["approx_kl"] <= cfg.train.target_kl)
 
   def update(tx, grads, params, opt_state):
     updates, opt_state = tx.update(grads, opt_state, params)
@@ -263,7 +138,8 @@ def fill_ref_logp(cfg: TrainConfig, reference, frozen, specs, batch):
   `reference`: {'policy': the reference copy} (`_reference_copy`), `specs[0]` computed from it;
   the batch's blocks name the reference's (`Layout.reference_rows`)."""
   logp = policies.reference_logprobs(cfg.policy, reference, frozen, specs, batch,
-                                     temperature=cfg.temperature, logits_chunk=cfg.logits_chunk)
+                                     temperature=cfg.temperature,
+                                     logits_chunk=cfg.train.logits_chunk)
   return jax.tree.map(lambda b, lp: b.replace(ref_logp=jnp.where(b.samples.token_mask, lp, 0.0)),
                       batch, logp, is_leaf=lambda x: isinstance(x, TrainBatch))
 
@@ -288,30 +164,21 @@ def _sharded(mesh: Mesh, pcfg: policies.PolicyConfig, fsdp: int,
 
 
 def _cached_step_jit(step: Callable, compiler_options: dict[str, Any] | None) -> Callable:
-  """`step(state, frozen, batch)` jitted once per state structure and shardings, state donated.
+  """`step(state, frozen, batch, targets)` jitted once per state structure and shardings, state
+  donated.
 
   The new state keeps the old state's shardings (those `init` chose), so every step after the
   first hits the compilation cache and callers see stable array shardings.
   """
   step_jits: dict[Any, Any] = {}
 
-  def run(state, frozen, batch):
+  def run(state, frozen, batch, targets):
     shardings = jax.tree.map(lambda x: x.sharding, state)
     key = (jax.tree.structure(state), tuple(jax.tree.leaves(shardings)))
     if key not in step_jits:
       step_jits[key] = jax.jit(step, donate_argnums=(0,), out_shardings=(shardings, None),
                                compiler_options=compiler_options)
-    return step_jits[key](state, frozen, batch)
-
-  return run
-
-
-def _checked(check: Callable[[Any], None], fn: Callable) -> Callable:
-  """`fn(params, frozen, batch)` after `check(batch)` (the batch layout validation)."""
-
-  def run(params, frozen, batch):
-    check(batch)
-    return fn(params, frozen, batch)
+    return step_jits[key](state, frozen, batch, targets)
 
   return run
 
@@ -378,10 +245,21 @@ def check_mini_batch(size: int | None, data: int, fsdp: int, micro_batches: int,
                      f"{fsdp} x {micro_batches} = {shards} pieces; expected a multiple of {shards}")
 
 
+def apply_update(cfg: TrainConfig, tx: optax.GradientTransformation,
+                 parts: dict[str, optax.GradientTransformation] | None, grads_fn: Callable,
+                 state: TrainState, frozen: Any, batch: Any, targets: gradients.RolloutTargets
+                 ) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One update on `batch` (the device part of `TrainFns.step`): the global gradients and
+  metrics of `gradients.local_grads` (`grads_fn`: it shard_map'ed over the mesh), then
+  `guarded_update`."""
+  grads, metrics = grads_fn(state.params, frozen, (batch, targets))
+  return guarded_update(cfg, tx, parts, state, grads, metrics)
+
+
 def make_train_step(cfg: TrainConfig, mesh: Mesh,
                     optimizer: optax.GradientTransformation | None = None,
                     compiler_options: dict[str, Any] | None = None) -> TrainFns:
-  """The jitted, shard_map'ed training step for `cfg` on `mesh` (see the module docstring).
+  """The jitted, shard_map'ed learner functions for `cfg` on `mesh` (module docstring).
 
   Args:
     cfg: the static configuration.
@@ -393,50 +271,29 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
   """
   pcfg = cfg.policy
   parts = policies.make_optimizers(pcfg) if optimizer is None else None
-  if optimizer is not None and cfg.target_kl is not None:
+  if optimizer is not None and cfg.train.target_kl is not None:
     raise ValueError("target_kl skips the policy part of the default optimizer; it cannot be "
                      "combined with a custom optimizer")
   tx = optim.by_key(parts) if optimizer is None else optimizer
   fsdp = mesh.shape[FSDP]
-  shards = batch_shards(mesh) * cfg.micro_batches
-  check_mini_batch(cfg.mini_batch_size, mesh.shape[DATA], fsdp, cfg.micro_batches)
+  shards = batch_shards(mesh) * cfg.train.micro_batches
+  check_mini_batch(cfg.train.mini_batch_size, mesh.shape[DATA], fsdp, cfg.train.micro_batches)
   spec = layouts.batch_spec(pcfg, BATCH_AXES)
   batch_specs = functools.partial(_batch_specs, spec)
   sharded = functools.partial(_sharded, mesh, pcfg, fsdp, batch_specs)
   jit = functools.partial(jax.jit, compiler_options=compiler_options)
 
-  # `b` is the batch, or (batch, RolloutTargets) of one update of a rollout.
-  sharded_grads = sharded(lambda p, f, specs, b: gradients.local_grads(
-      cfg, p, f, *((b, None) if not isinstance(b, tuple) else b), specs),
-                          lambda specs, batch: (specs[0], P()))
-
-  def step(state: TrainState, frozen: Any, batch: Any):
-    grads, metrics = sharded_grads(state.params, frozen, batch)
-    return guarded_update(cfg, tx, parts, state, grads, metrics)
+  grads_fn = sharded(lambda p, f, specs, bt: gradients.local_grads(cfg, p, f, *bt, specs),
+                     lambda specs, bt: (specs[0], P()))
+  step = functools.partial(apply_update, cfg, tx, parts, grads_fn)
 
   def check(batch):
     layouts.validate_batch(pcfg, cfg.space, cfg.agent_policies, batch, shards)
 
-  cached_step = _cached_step_jit(step, compiler_options)
-
-  def checked_step(state, frozen, batch, targets=None):
-    # With targets the batch is a mini-batch that `select_rows` cut from a batch `prepare` already
-    # checked (rows of it, slots masked; mini_batch_size splits into the shards, checked above):
-    # skip the host copy of every id on each update.
-    if targets is None:
-      check(batch)
-    return cached_step(state, frozen, batch if targets is None else (batch, targets))
-
+  prepare = jit(jax.shard_map(lambda b: gradients.rollout_targets(cfg, b), mesh=mesh,
+                              in_specs=(spec,), out_specs=(spec, spec, P())))
   old_values = jit(sharded(lambda p, f, specs, b: fill_old_values(cfg, p, f, specs, b),
                            lambda specs, batch: batch_specs(batch)))
-  prepares = {r: jit(sharded(
-      lambda p, f, specs, b, r=r: gradients.rollout_targets(cfg, p, f, specs, b, recompute=r),
-      lambda specs, batch: (batch_specs(batch), spec, P()))) for r in (True, False)}
-
-  def prepare(params, frozen, batch, recompute=True):
-    check(batch)
-    return prepares[recompute](params, frozen, batch)
-
   recompute = jit(sharded(
       lambda p, f, specs, bt: gradients.learner_old_logp(cfg, p, f, specs, *bt),
       lambda specs, bt: (batch_specs(bt[0]), spec)))
@@ -447,7 +304,6 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
   kl = cfg.loss.kl_coef != 0.0
 
   def reference_pass(reference, frozen, batch):
-    check(batch)
     rows = layouts.of(pcfg).reference_rows(pcfg, batch, cfg.reference_policies)
     out = ref_logp({"policy": reference}, frozen, rows)
     return out if rows is batch else out.replace(policies=batch.policies)
@@ -458,14 +314,13 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
 
   init, state_specs = _make_init(pcfg, tx, mesh, fsdp, compiler_options)
   return TrainFns(
-      init=init, step=checked_step, state_specs=state_specs, update=step,
-      shard_params=shard_params,
+      init=init, step=_cached_step_jit(step, compiler_options), state_specs=state_specs,
+      update=step, shard_params=shard_params,
       shard_batch=lambda batch: sharding.put(batch, mesh, batch_specs(batch)),
-      old_values=_checked(check, old_values) if pcfg.critic is not None else None,
-      prepare=prepare,
+      old_values=old_values if pcfg.critic is not None else None, check=check, prepare=prepare,
       recompute=((lambda params, frozen, batch, targets: recompute(params, frozen,
                                                                     (batch, targets)))
-                 if cfg.recompute_old_logp else None),
+                 if cfg.train.recompute_old_logp else None),
       ref_logp=reference_pass if kl else None,
       reference_params=_reference_copy(cfg) if kl else None,
       shards=shards)

@@ -17,8 +17,8 @@ Shapes and compiles. Prompt entries U round up to a power of two below `Buckets.
 and to a multiple of it above (`round_bucket`: a lone prompt is not prefilled 8 times), rows per
 entry R to a power of two, the prompt width to a multiple of `Buckets.prompt_block` (not a power
 of two: a 270-token prompt pads to 320, not 512), new-token slots to a multiple of
-`Buckets.new_token_multiple`, stop ids to a power of two. `Sampler.num_compiles` counts compiled
-programs: at most one per distinct (U bucket, R, width bucket, new-slot bucket, stop bucket,
+`Buckets.new_token_multiple`, stop ids to a power of two. The sampler compiles at most one
+program per distinct (U bucket, R, width bucket, new-slot bucket, stop bucket,
 variant), the variant being greedy / sampling / truncated sampling. With at most n row buckets
 (n = log2(row_multiple) + ceil(rows / row_multiple)) and R <= the largest group, a run with
 prompts of at most P tokens and one `max_new_tokens` compiles at most
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 from typing import Callable, Protocol, Sequence
 
 import jax
@@ -58,6 +59,7 @@ from marl_jax.models import decoder
 from marl_jax.models.config import ModelConfig
 from marl_jax.sampling.decode import Knobs, generate_tokens
 from marl_jax.sampling.params import SamplingParams
+from marl_jax.shapes import bucket, round_bucket, round_up
 
 
 class Tokenizer(Protocol):
@@ -76,23 +78,6 @@ class Completion:
   text: str | None  # decoded completion (None without a tokenizer)
   finish_reason: str  # "stop_token" | "stop_string" | "length"
   prompt_length: int  # real (unpadded) prompt tokens
-
-
-def bucket(n: int, minimum: int) -> int:
-  """Smallest power of two >= n, and at least `minimum`."""
-  return max(minimum, 1 << max(n - 1, 0).bit_length())
-
-
-def round_up(n: int, multiple: int) -> int:
-  """Smallest multiple of `multiple` >= max(n, 1)."""
-  return -(-max(n, 1) // multiple) * multiple
-
-
-def round_bucket(n: int, multiple: int) -> int:
-  """Powers of two below `multiple`, then multiples of it (1, 2, 4, 8, 16, 24, ... for 8): few
-  shapes for small n, and padding under `multiple` for large n. The sampler's row buckets (a group
-  of one prompt is not prefilled 8 times) and the learner's widths (`algos.batch.BatchShape`)."""
-  return bucket(n, 1) if n < multiple else round_up(n, multiple)
 
 
 def prompt_layout(counts: Sequence[int], multiple: int) -> tuple[int, int]:
@@ -153,19 +138,10 @@ class Sampler:
     self.top_candidates = top_candidates
     self.share_prompts = share_prompts
     self.pad_id = 0 if tokenizer is None else int(tokenizer.pad_id)
-    self._num_traces = 0
-
-    def traced(*args, **kwargs):
-      self._num_traces += 1  # Python runs here only while jax traces a new shape/static variant.
-      return generate_tokens(*args, config=config, pad_id=self.pad_id, block=decode_block,
-                             candidates=top_candidates, **kwargs)
-
-    self._generate = jax.jit(traced, static_argnames=("new_slots", "greedy", "truncates"))
-
-  @property
-  def num_compiles(self) -> int:
-    """Programs compiled so far (bounded as the module docstring says)."""
-    return self._num_traces
+    self._generate = jax.jit(
+        functools.partial(_generate_tokens, config=config, pad_id=self.pad_id,
+                          block=decode_block, candidates=top_candidates),
+        static_argnames=("new_slots", "greedy", "truncates"))
 
   def encode(self, prompts: Sequence[Sequence[int] | str]) -> list[list[int]]:
     """Token ids of each prompt; strings need a tokenizer (no chat template is applied here)."""
@@ -286,6 +262,11 @@ class Sampler:
       text = text[:_find_stop(text, stop_strings)]
       tokens, logprobs, reason = tokens[:n], logprobs[:n], "stop_string"
     return Completion(tokens, logprobs, text, reason, prompt_length)
+
+
+def _generate_tokens(*args, **kwargs):
+  """`decode.generate_tokens`, looked up at trace time (a test counts the programs it traces)."""
+  return generate_tokens(*args, **kwargs)
 
 
 def _find_stop(text: str, stop_strings: tuple[str, ...]) -> int:

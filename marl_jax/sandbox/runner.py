@@ -195,11 +195,6 @@ def run_many(codes: Sequence[str], *, timeout_s: float, memory_mb: int,
     return list(pool.map(lambda pair: one(pair[0], stdin=pair[1]), zip(codes, inputs)))
 
 
-def detected_backend() -> str:
-  """The backend "auto" resolves to on this machine (probed once per process)."""
-  return _detect_backend()
-
-
 def allow_unsandboxed(allowed: bool) -> None:
   """Process-wide opt-in: lets "auto" run programs unconfined when bwrap does not work here."""
   _UNSANDBOXED_ALLOWED[0] = bool(allowed)
@@ -213,7 +208,7 @@ def require_isolation(allow_unsandboxed_code: bool) -> str:
   first sandboxed call.
   """
   allow_unsandboxed(allow_unsandboxed_code)
-  backend = _detect_backend()
+  backend = detected_backend()
   if backend == "bwrap":
     logging.info("sandbox: bubblewrap isolation (%s), per-program budget: %s", _bwrap_binary(),
                  budgets.mode("bwrap"))
@@ -226,7 +221,7 @@ def _resolve_backend(backend: str) -> str:
   if backend not in BACKENDS:
     raise ValueError(f"unknown sandbox backend {backend!r}; expected one of {list(BACKENDS)}")
   if backend == "auto":
-    backend = _detect_backend()
+    backend = detected_backend()
     if backend == "rlimit" and not _UNSANDBOXED_ALLOWED[0]:
       raise IsolationUnavailable(
           "refusing to run model-written code unconfined: no working bubblewrap (a system bwrap, "
@@ -248,7 +243,9 @@ def _shipped_status() -> str:
 
 
 @functools.cache
-def _detect_backend() -> str:
+def detected_backend() -> str:
+  """The backend "auto" resolves to on this machine (probed once per process; tests skip the
+  checks that need bwrap's namespaces by it)."""
   return "bwrap" if _bwrap_usable() else "rlimit"
 
 

@@ -1,4 +1,4 @@
-"""JSON Schema of an orchestration trace (PAPERS.md section 5) and a validator with clear errors.
+"""Orchestration-trace JSON Schema (docs/papers.md section 5) and a validator with clear errors.
 
 A trace is one episode as a temporal interaction graph: typed events (who did what, when), typed
 edges between them, reward channels and costs. The schema is the interchange contract with the

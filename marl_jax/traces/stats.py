@@ -32,7 +32,8 @@ def summarize(traces: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
   """Aggregates validated traces into a JSON-serialisable summary.
 
   Rewards, costs and metrics are averaged over the episodes that have the channel (``count`` says
-  how many), because agent-local channels exist only in episodes where that agent acted.
+  how many), because agent-local channels exist only in episodes where that agent acted. (Over
+  80 lines: one pass over the traces that fills every counter of the summary together.)
   """
   episodes = 0
   tasks: collections.Counter[str] = collections.Counter()

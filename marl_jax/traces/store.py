@@ -99,10 +99,6 @@ def iter_traces(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]
   yield from _iter_jsonl(pathlib.Path(path))
 
 
-def load_traces(path: str | os.PathLike) -> list[dict[str, Any]]:
-  return [trace for _, trace in iter_traces(path)]
-
-
 def read_content(trace_path: str | os.PathLike) -> dict[str, str]:
   """The content store beside ``trace_path`` as {ref: text}; empty if there is none.
 

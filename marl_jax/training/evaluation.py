@@ -1,47 +1,52 @@
-"""Evaluation: independent rollouts on held-out problems, success metrics, traces on disk.
-
-With k rollouts per problem: `accuracy` is avg@k (mean success over all k x problems) and
-`pass@k` the fraction of problems solved at least once (with n = k samples the unbiased pass@k
-estimator reduces to exactly this). In a multi-host run each process evaluates its own slice of
-the problems and writes its own trace file; the metrics are reduced over processes as (sum,
-count) pairs, so every process returns the values of the whole problem set.
-"""
+"""Evaluating a run's checkpoint (`experiments.evaluate`, `experiments.reproduce`): its held-out
+evaluation, or a named evaluation set, written where `eval_results` says. The metrics themselves
+are `eval_metrics`'."""
 
 from __future__ import annotations
 
-import os
-from collections import defaultdict
-from collections.abc import Sequence
 from typing import Any
 
-from marl_jax.parallel import multihost
-from marl_jax.traces.store import TraceWriter
-from marl_jax.workflows.rollout import Generate, Problem, RolloutConfig, RolloutResult, rollout
-from marl_jax.workflows.spec import WorkflowSpec
+import ml_collections
+
+from marl_jax.errors import UserInputError
+from marl_jax.training import eval_results, preflight, setup, trainer
+from marl_jax.training.checkpoint import saved_steps
+from marl_jax.workflows.rollout import Problem
 
 
-def success_metrics(result: RolloutResult, num_problems: int, k: int,
-                    agents: Sequence[str]) -> dict[str, float]:
-  """avg@k, pass@k, mean turns, per-agent mean sample reward and mean response tokens over all
-  processes' rollouts; `num_problems` and `result` are this process's (a collective: see
-  `multihost.global_means`; `agents` names the per-agent entries every process reports)."""
-  solved = defaultdict(lambda: [False] * k)
-  for episode in result.episodes:
-    solved[episode.problem_id][episode.traj_id % k] = episode.solved
-  rewards = defaultdict(list)
-  tokens = []
-  for s in result.samples:
-    rewards[s.agent].append(s.reward)
-    tokens.append(len(s.generation.token_ids))
-  total = multihost.sum_count
-  parts = {"accuracy": (total([x for row in solved.values() for x in row])[0], num_problems * k),
-           f"pass@{k}": (total([any(row) for row in solved.values()])[0], num_problems),
-           "turns": total([e.turns for e in result.episodes]),
-           "response_tokens": total(tokens)}
-  parts.update({f"reward/{a}": total(rewards[a]) for a in agents})
-  out = multihost.global_means(parts)
-  out.setdefault("response_tokens", 0.0)
-  return out
+def evaluate_checkpoint(c: ml_collections.ConfigDict, workdir: str, step: int | None = None,
+                        split: str | None = None) -> dict[str, Any]:
+  """Evaluates checkpoint `step` of `workdir` (default: the latest) on the run's evaluation
+  problems, or on the set `split` names (its files given by `config.eval.env_kwargs`); writes the
+  result where `eval_results` says and returns it. Bad input (split name, missing step) is refused
+  before the model loads.
+
+  A workdir without checkpoints evaluates step 0, the policy RL would start from: the base model,
+  after the config's warm-start when `sft.steps` > 0 (as `train` evaluates step 0), or the
+  params of `config.init_from`. So a table's
+  rows without RL are the RL rows' starting point, also where a cpu preset warm-starts."""
+  eval_results.check_split(split)
+  if step is not None:
+    preflight.check_workdir(workdir)
+    steps = saved_steps(workdir)
+    if step not in steps:
+      raise UserInputError(f"--checkpoint={step}: no such checkpoint in {workdir}; expected one "
+                           f"of the saved steps {steps}")
+  run = trainer.Run(c, workdir, trains=False)
+  warm_start = {}
+  if step is not None or run.checkpointer.latest_step() is not None:
+    restored = run.checkpointer.restore(step, target={"train": run.state, "rng": run.run_key})
+    run.state, step = restored.state["train"], restored.step
+  elif c.init_from:
+    run.start_from_checkpoint()
+  elif c.sft.steps:
+    warm_start = run.warm_start()
+  step = step or 0
+  result = {"config": c.name, "step": step,
+            **answer_grader(setup.problems(c, c.eval.seed_offset, 1, for_eval=True)[0]),
+            **warm_start, **run.evaluate(step, split or "eval")}
+  eval_results.write(workdir, step, split, result)
+  return result
 
 
 def answer_grader(problem: Problem) -> dict[str, str]:
@@ -49,22 +54,3 @@ def answer_grader(problem: Problem) -> dict[str, str]:
   `envs/math/grading.py`), so an evaluation says how its accuracy was graded; {} otherwise."""
   grader = getattr(problem.make(), "grader", None)
   return {} if grader is None else {"grader": grader}
-
-
-def evaluate(problems: Sequence[Problem], spec: WorkflowSpec, generate: Generate, params: Any,
-             *, k: int, rollout_cfg: RolloutConfig, trace_path: str | os.PathLike | None = None
-             ) -> dict[str, float]:
-  """Rolls out k independent episodes per problem; writes their traces to `trace_path`.
-
-  `problems`: this process's slice (all of them with one process); the metrics cover every
-  process's problems.
-  """
-  cfg = RolloutConfig(mode="independent", k=k, tool_timeout_s=rollout_cfg.tool_timeout_s,
-                      tool_memory_mb=rollout_cfg.tool_memory_mb,
-                      record_traces=trace_path is not None)
-  result = rollout(problems, spec, generate, params, cfg)
-  if trace_path is not None:
-    with TraceWriter(trace_path) as writer:
-      for episode in result.episodes:
-        writer.write(episode.trace, episode.content)
-  return success_metrics(result, len(problems), k, spec.agents)

@@ -32,7 +32,7 @@ from marl_jax.models.hf import export_hf_dir
 from marl_jax.models.tokenizer import Tokenizer
 from marl_jax.parallel import layouts, policies
 from marl_jax.training import config as config_lib
-from marl_jax.training import trainer
+from marl_jax.training import setup
 from marl_jax.training.checkpoint import CHECKPOINT_DIR, Checkpointer
 
 LORA_MODES = ("merge", "adapters")
@@ -96,7 +96,7 @@ def restore_team(workdir: str, step: int | None = None, lora: str | None = None)
                            "expected a saved step")
     step = steps[-1] if step is None else step
     restored = checkpoints.restore_on_one_device(step)
-  policy, base, tokenizers = trainer.load_team(c, built)
+  policy, base, tokenizers = setup.load_team(c, built)
   spec = built.spec
   agents = tuple(tuple(a for a in spec.agents if spec.policy_id(a) == p)
                  for p in range(spec.num_policies))

@@ -17,8 +17,8 @@ import ml_collections
 from marl_jax.errors import UserInputError
 from marl_jax.parallel import train_step
 from marl_jax.training import config as config_lib
-from marl_jax.training import sft
-from marl_jax.workflows import registry
+from marl_jax.training import refill, sft
+from marl_jax.workflows import registry, rollout
 
 
 def check(c: ml_collections.ConfigDict, workdir: str) -> config_lib.Built:
@@ -27,7 +27,7 @@ def check(c: ml_collections.ConfigDict, workdir: str) -> config_lib.Built:
   built = config_lib.build(c)
   check_mini_batch(c, config_lib.mesh_shape(tuple(c.train.mesh), jax.device_count()))
   procs = jax.process_count()
-  if config_lib.dynamic_sampling(c, built.advantage) and procs > 1:
+  if refill.enabled(c, built.advantage) and procs > 1:
     raise UserInputError(f"DAPO dynamic sampling (config.rollout.max_refills="
                          f"{c.rollout.max_refills} with algo.filter='zero_variance') runs on one "
                          f"process only, got {procs}; set config.rollout.max_refills=0")
@@ -35,10 +35,10 @@ def check(c: ml_collections.ConfigDict, workdir: str) -> config_lib.Built:
   # Problem 0 reads (and caches) every local dataset the env kwargs name, evaluation's too, and
   # its env checks their values (sizes, ranges).
   env, _ = (_problem_env(c, for_eval) for for_eval in (False, True))
-  if hasattr(env, "final_rewards") and c.rollout.mode != "independent":
-    raise UserInputError(f"workflow {c.env.workflow!r} of {c.env.name!r} credits decisions with "
-                         f"the episode they led to, which config.rollout.mode="
-                         f"{c.rollout.mode!r} cannot carry; set config.rollout.mode='independent'")
+  try:
+    rollout.check_decision_rewards(env, c.env.name, c.rollout.mode)
+  except ValueError as e:
+    raise UserInputError(f"config.{e}") from None
   if c.sft.steps:  # the warm-start's demonstrations come from the training problems' envs
     sft.check_env(env, built.spec.agents, c.env.name, c.sft.mistake_rate)
   return built

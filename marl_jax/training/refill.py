@@ -19,30 +19,24 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
 
+import ml_collections
+
 from marl_jax.algos import batch as batch_lib
+from marl_jax.algos.advantage_config import AdvantageConfig
 from marl_jax.workflows.rollout import RolloutResult, Sample
 
 
-def _group_key(s: Sample, group_by: str) -> tuple[int, ...]:
-  """The estimator group of `s`; mirrors `algos.batch.group_ids` (the device's grouping rule),
-  keyed by the problem first."""
-  if group_by == "problem":
-    return (s.problem_id,)
-  if group_by == "problem_agent":
-    return (s.problem_id, s.agent_id)
-  if group_by == "problem_turn_agent":
-    return (s.problem_id, s.turn, s.agent_id)
-  if group_by == "problem_turn_agent_state":
-    return (s.problem_id, s.turn, s.agent_id, s.state)
-  raise ValueError(f"group_by {group_by!r} pools problems, so no problem carries a group of its "
-                   "own to qualify by; expected a grouping with a problem factor")
+def enabled(c: ml_collections.ConfigDict, advantage: AdvantageConfig) -> bool:
+  """Whether a run refills its rollouts: `algo.filter="zero_variance"` with
+  `rollout.max_refills` > 0."""
+  return advantage.filter == "zero_variance" and c.rollout.max_refills > 0
 
 
 def qualifying_problems(samples: Sequence[Sample], group_by: str, alpha: float) -> list[int]:
   """Sorted ids of the problems with at least one group of non-zero reward variance."""
   rewards = defaultdict(set)
   for s in samples:
-    rewards[_group_key(s, group_by)].add(alpha * s.team_reward + s.reward)
+    rewards[batch_lib.group_key(s, group_by)].add(batch_lib.mix(s.reward, s.team_reward, alpha))
   return sorted({key[0] for key, values in rewards.items() if len(values) > 1})
 
 

@@ -44,7 +44,7 @@ from marl_jax.errors import UserInputError
 from marl_jax.models.tokenizer import Tokenizer
 from marl_jax.parallel import layouts, multihost
 from marl_jax.parallel.policies import PolicyConfig
-from marl_jax.parallel.train_step import TrainConfig
+from marl_jax.parallel.train_config import TrainConfig
 from marl_jax.training.llm_policy import prompt_ids
 from marl_jax.workflows.rollout import (Generation, Problem, Request, RolloutConfig, Sample,
                                         rollout)
@@ -69,11 +69,12 @@ def train_config(rl: TrainConfig, optim: OptimConfig, lr: float, steps: int, spa
   optim = dataclasses.replace(optim, lr=lr, schedule="linear", decay_steps=steps,
                               end_lr_ratio=0.0, warmup_steps=0, hold_steps=0)
   policy = dataclasses.replace(rl.policy, optim=(optim,) * len(rl.policy.optim))
+  train = dataclasses.replace(rl.train, agent_grad_norms=False, target_kl=None,
+                              mini_batch_size=None, epochs=1, recompute_old_logp=False,
+                              tis_cap=None)
   return dataclasses.replace(
       rl, policy=policy, space=space, loss=losses.LossConfig(policy_loss="nll"),
-      advantage=AdvantageConfig(estimator="grpo", filter="none"), with_entropy=False,
-      agent_grad_norms=False, target_kl=None, mini_batch_size=None, epochs=1,
-      recompute_old_logp=False, tis_cap=None)
+      advantage=AdvantageConfig(estimator="grpo", filter="none"), with_entropy=False, train=train)
 
 
 def check_env(env: Any, agents: Sequence[str], env_name: str, mistake_rate: float = 0.0

@@ -1,6 +1,6 @@
 """The episode engine: runs a workflow over many problems, batching every live prompt.
 
-Three rollout modes (PAPERS.md sections 1 and 3):
+Three rollout modes (docs/papers.md sections 1 and 3):
   independent  K trajectories per problem, each stepping its own environment (evaluation, GRPO
                baselines, one-turn MAGRPO groups).
   tree         AT-GRPO tree sampling: one state per problem; at each agent step K replies are
@@ -60,26 +60,6 @@ from marl_jax.workflows.spec import Cursor, WorkflowSpec, advance, first_cursor
 
 MODES = ("independent", "tree", "magrpo_tree")
 ORCHESTRATOR = "orchestrator"
-MAX_TREE_LEAVES = 256  # a MAGRPO tree of G^T leaves per problem; the paper's T is small
-
-
-def id_layout(mode: str, k: int, max_turns: int) -> tuple[int, int]:
-  """(trajectories per problem, branching) of a rollout mode, for `batch.BatchShape`.
-
-  Raises ValueError when a MAGRPO tree would grow more than MAX_TREE_LEAVES leaves per problem.
-  """
-  if mode == "independent":
-    return k, 1
-  if mode == "tree":
-    return 1, 1
-  leaves = k ** max_turns
-  if leaves > MAX_TREE_LEAVES:
-    raise ValueError(f"rollout mode 'magrpo_tree' with k={k} over max_turns={max_turns} grows "
-                     f"k**max_turns={leaves} leaves per problem; expected at most "
-                     f"{MAX_TREE_LEAVES} (lower k or max_turns)")
-  return leaves, k
-
-
 @dataclasses.dataclass(frozen=True)
 class Problem:
   """One task instance: the registered env name and the keyword arguments that rebuild it."""
@@ -189,18 +169,25 @@ class _Episode:
   replies: dict[str, str] = dataclasses.field(default_factory=dict)  # agent -> its last message
 
 
+def check_decision_rewards(env: Any, task: str, mode: str) -> None:
+  """An env that credits decisions with the episode they led to (`final_rewards`) needs each
+  episode on its own: ValueError naming `rollout.mode` otherwise."""
+  if hasattr(env, "final_rewards") and mode != "independent":
+    raise ValueError(f"rollout.mode={mode!r}: {task!r} credits decisions with the episode they "
+                     "led to, which shared tree branches cannot carry; expected "
+                     "rollout.mode='independent'")
+
+
 def rollout(problems: Sequence[Problem], spec: WorkflowSpec, generate: Generate, params: Any,
             cfg: RolloutConfig) -> RolloutResult:
   """Runs every problem to the end of its episode(s); returns all samples and episodes."""
   samples: list[Sample] = []
-  trajs, branching = id_layout(cfg.mode, cfg.k, spec.max_turns)
+  trajs, branching = batch_lib.id_layout(cfg.mode, cfg.k, spec.max_turns)
   live = [_start(p, spec, cfg, traj_id=batch_lib.traj_id(p.problem_id, j, trajs))
           for p in problems for j in range(cfg.k if cfg.mode == "independent" else 1)]
   per_branch_team = cfg.mode != "independent"
-  if per_branch_team and live and hasattr(live[0].env, "final_rewards"):
-    raise ValueError(f"environment {live[0].problem.task!r} settles decision rewards at the end of "
-                     f"each episode, which a {cfg.mode!r} rollout's shared branches cannot carry; "
-                     "use rollout mode 'independent'")
+  if live:
+    check_decision_rewards(live[0].env, live[0].problem.task, cfg.mode)
   episodes, safety_events = [], 0
   while live:
     forks = [cfg.mode == "magrpo_tree" and not ep.open for ep in live]

@@ -93,8 +93,7 @@ def group_batch(rng, dyadic=False, n_valid=52, n_total=64):
   else:
     r = rng.normal(size=n_valid)
   fields = dict(rewards=r, team_rewards=rng.normal(size=n_valid), problem_id=p, turn=t,
-                agent_id=a, is_greedy=rng.random(n_valid) < 0.25,
-                token_mask=rng.random((n_valid, 4)) < 0.7,
+                agent_id=a, token_mask=rng.random((n_valid, 4)) < 0.7,
                 state=rng.integers(0, GSPACE.num_states, n_valid))
   return make_batch(**shuffle_and_pad(rng, fields, n_total))
 
@@ -103,7 +102,6 @@ def ref_group(batch, kind, group_by, ddof, eps=1e-6, normalize_std=True, filt="n
               fraction=0.5, alpha=0.0):
   r = alpha * np.asarray(batch.team_rewards, np.float64) + np.asarray(batch.rewards, np.float64)
   mask = np.asarray(batch.sample_mask)
-  greedy = np.asarray(batch.is_greedy)
   cols = {"problem": ("problem_id",), "problem_agent": ("problem_id", "agent_id"),
           "problem_turn_agent": ("problem_id", "turn", "agent_id"),
           "problem_turn_agent_state": ("problem_id", "turn", "agent_id", "state"),
@@ -127,12 +125,6 @@ def ref_group(batch, kind, group_by, ddof, eps=1e-6, normalize_std=True, filt="n
     std = v.std(ddof=ddof) if n > ddof else 0.0
     if kind == "rloo":
       adv[idx] = [(x - (v.sum() - x) / (n - 1)) if n > 1 else 0.0 for x in v]
-    elif kind == "remax":
-      g = idx[greedy[idx]]
-      if not len(g):
-        continue
-      idx = idx[~greedy[idx]]
-      adv[idx] = r[idx] - r[g].mean()
     else:
       if kind == "drmas" and n == 1:
         mean, std = 0.0, 1.0
@@ -157,7 +149,6 @@ GROUP_CASES = [
                                      normalize_std=False)),
     (dict(estimator="rloo", group_by="problem_agent"),
      dict(kind="rloo", group_by="problem_agent", ddof=0)),
-    (dict(estimator="remax"), dict(kind="remax", group_by="problem", ddof=0)),
 ]
 
 
@@ -470,8 +461,8 @@ def test_unknown_names_raise_clear_errors():
     AdvantageConfig(group_by="turn")
   with pytest.raises(ValueError, match="unknown baseline 'median'"):
     AdvantageConfig("magrpo", baseline="median")
-  assert sorted(ESTIMATORS) == sorted(["grpo", "at_grpo", "drmas", "dr_grpo", "rloo", "remax",
-                                       "traj_grpo", "magrpo", "gae_action", "gae_token"])
+  assert sorted(ESTIMATORS) == sorted(["grpo", "at_grpo", "drmas", "dr_grpo", "rloo", "traj_grpo",
+                                       "magrpo", "gae_action", "gae_token"])
   # AdvantageConfig sits below the registry and validates against its own tuple of names.
   assert sorted(ESTIMATOR_NAMES) == sorted(ESTIMATORS)
 
@@ -483,7 +474,12 @@ def test_unknown_names_raise_clear_errors():
     (dict(estimator="grpo", baseline="max"), "applies to magrpo only"),
     (dict(filter_fraction=1.0), r"filter_fraction must be in \[0, 1\)"),
     (dict(std_ddof=2), "std_ddof must be 0 or 1"),
-    (dict(gamma=1.5), r"gamma must be in \[0, 1\]"),
+    (dict(estimator="magrpo", gamma=1.5), r"gamma must be in \[0, 1\]"),
+    # Fields an estimator never reads are refused, as an inapplicable baseline is.
+    (dict(estimator="grpo", gamma=0.9),
+     r"gamma applies to \['magrpo', 'gae_action', 'gae_token'\], not 'grpo'"),
+    (dict(estimator="magrpo", lam=0.9),
+     r"lam applies to \['gae_action', 'gae_token'\], not 'magrpo'"),
     (dict(clamp=0.0), "clamp must be > 0"),
 ])
 def test_inconsistent_options_raise(kwargs, match):

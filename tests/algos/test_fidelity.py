@@ -1,6 +1,7 @@
 """Paper-code fidelity of the estimators: Dr. MAS's vanilla GRPO baseline (`traj_grpo`), AT-GRPO's
 per-policy lowest-mean filter and the std conventions. Expected numbers are derived here from
-PAPERS.md and the papers' public code (PettingLLMs, DrMAS/verl), never from our own output."""
+docs/papers.md (sections 1, 2) and the papers' public code (PettingLLMs, DrMAS/verl), never from our
+own output."""
 from __future__ import annotations
 
 import collections

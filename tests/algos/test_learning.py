@@ -3,9 +3,8 @@
 Task: the prompt names the agent (and a problem); agent a earns reward 1 when its one-token
 response is its target token. Responses are sampled with `jax.random.categorical` from the
 model's logits, exactly the behaviour policy the learner's log-probs describe. Each estimator gets
-the ids it needs (problem groups; ReMax greedy rows; MAGRPO joint-action nodes with a joint
-reward; MARFT trajectories and critic values, with per-agent LoRA over a frozen base and a value
-head).
+the ids it needs (problem groups; MAGRPO joint-action nodes with a joint reward; MARFT
+trajectories and critic values, with per-agent LoRA over a frozen base and a value head).
 """
 
 from __future__ import annotations
@@ -24,9 +23,10 @@ from marl_jax.algos.losses import LossConfig
 from marl_jax.algos.optim import OptimConfig
 from marl_jax.models import decoder, lora
 from marl_jax.models.config import get_preset
-from marl_jax.parallel import policies
+from marl_jax.parallel import policies, update
 from marl_jax.parallel.mesh import make_mesh
-from marl_jax.parallel.train_step import TrainConfig, make_train_step
+from marl_jax.parallel.train_config import TrainConfig
+from marl_jax.parallel.train_step import make_train_step
 from host import FAST_COMPILE, cpu_devices
 
 MODEL = get_preset("tiny-llama").replace(vocab_size=16)  # chance of a target token: 1/16
@@ -37,7 +37,7 @@ STEPS, GOAL = 20, 0.5  # mean reward must reach GOAL within STEPS updates
 
 @functools.partial(jax.jit, static_argnums=0, compiler_options=FAST_COMPILE)
 def sample(pcfg, trainable, frozen, prompt, policy_ids, key):
-  """One response token per row, its log-prob, the greedy token, and critic values [N, 1]."""
+  """One response token per row, its log-prob and critic values [N, 1]."""
   positions = jnp.broadcast_to(jnp.arange(prompt.shape[1]), prompt.shape)
   if pcfg.kind == "lora":
     adapters = lora.adapters(trainable["policy"], policy_ids, pcfg.lora)
@@ -54,26 +54,18 @@ def sample(pcfg, trainable, frozen, prompt, policy_ids, key):
     values = policies.critic_values(pcfg, trainable, frozen, specs, TrainBatch(
         prompt=prompt, prompt_mask=jnp.ones(prompt.shape, bool), response=response,
         old_logp=logp, samples=None))
-  return tokens.astype(jnp.int32), logp, jnp.argmax(logits, -1).astype(jnp.int32), values
+  return tokens.astype(jnp.int32), logp, values
 
 
 def rollout(estimator, pcfg, trainable, frozen, key):
-  """A batch of PROBLEMS x K x A samples (+ one greedy row per problem and agent for ReMax)."""
+  """A batch of PROBLEMS x K x A samples."""
   problem, g, agent = (x.ravel() for x in np.meshgrid(
       np.arange(PROBLEMS), np.arange(K), np.arange(A), indexing="ij"))
-  greedy = np.zeros(problem.shape, bool)
-  if estimator == "remax":
-    p2, a2 = (x.ravel() for x in np.meshgrid(np.arange(PROBLEMS), np.arange(A), indexing="ij"))
-    problem, agent = np.concatenate([problem, p2]), np.concatenate([agent, a2])
-    g, greedy = np.concatenate([g, np.zeros_like(p2)]), np.concatenate([greedy, np.ones(
-        p2.shape, bool)])
   prompt = np.stack([1 + agent, 5 + problem], axis=1).astype(np.int32)  # [N, 2]
   policy_id = agent if pcfg.num_policies == A else np.zeros_like(agent)
-  tokens, logp, best, values = jax.device_get(
-      sample(pcfg, trainable, frozen, prompt, policy_id, key))
-  tokens = np.where(greedy, best, tokens)
+  tokens, logp, values = jax.device_get(sample(pcfg, trainable, frozen, prompt, policy_id, key))
   hit = (tokens == TARGETS[agent]).astype(np.float32)
-  fields = dict(problem_id=problem, agent_id=agent, policy_id=policy_id, is_greedy=greedy,
+  fields = dict(problem_id=problem, agent_id=agent, policy_id=policy_id,
                 token_mask=np.ones((len(hit), 1), bool))
   rewards = hit
   if estimator == "magrpo":  # joint action = the g-th sample of every agent; joint reward
@@ -87,7 +79,7 @@ def rollout(estimator, pcfg, trainable, frozen, key):
   samples = make_batch(rewards, **fields)
   batch = TrainBatch(prompt=prompt, prompt_mask=np.ones(prompt.shape, bool),
                      response=tokens[:, None], old_logp=logp, samples=samples)
-  return batch, hit[~greedy].mean()
+  return batch, hit.mean()
 
 
 @pytest.mark.parametrize("estimator", sorted(ESTIMATORS))
@@ -119,7 +111,7 @@ def test_every_estimator_learns(estimator):
     rewards.append(reward)
     if reward >= GOAL:
       break
-    state, metrics = fns.step(state, frozen, batch)
+    state, metrics = update.run(fns, cfg, state, frozen, batch, np.random.default_rng(step))
     assert metrics["finite"], (estimator, step)
   assert rewards[0] < 0.2, rewards  # starts near chance (1/16)
   assert rewards[-1] >= GOAL, f"{estimator}: mean reward {np.round(rewards, 2)}"

@@ -1,4 +1,4 @@
-"""Paper configs: every preset builds, defaults are PAPERS.md's, every cpu preset trains end to end.
+"""Paper configs: every preset builds, defaults are docs/papers.md's, cpu presets train end to end.
 
 The end-to-end runs override the model with a tiny random 2-layer Llama carrying the SmolLM2
 tokenizer (`toy_task.write_tiny_model`), cut replies to 16 tokens and sample without top-p
@@ -25,8 +25,9 @@ from configs import (atgrpo_games, atgrpo_plan_path, common, orchestration_spawn
 from marl_jax.envs.code import data as code_data
 from marl_jax.envs.search import task as search_task
 from marl_jax.envs.writing import data as writing_data
+from marl_jax.parallel import layouts
 from marl_jax.training import config as config_lib
-from marl_jax.training import llm_policy, trainer
+from marl_jax.training import llm_policy, setup, trainer
 from marl_jax.training.metrics import read_metrics
 from marl_jax.traces import replay, store
 from marl_jax.traces.schema import validate
@@ -86,7 +87,8 @@ def test_every_preset_builds(name, preset):
   assert (built.lora is not None) == (c.policy.kind == "lora")
   spec = built.spec
   shared = sum(len(group.split("+")) - 1 for group in c.policy.share)  # agents joining another's
-  assert spec.num_policies == (len(spec.agents) - shared if c.policy.per_role else 1)
+  per_role = layouts.of(c.policy).per_role
+  assert spec.num_policies == (len(spec.agents) - shared if per_role else 1)
   if "cpu" in preset.split(","):
     assert c.model == "smollm2-135m-instruct"
     rl = "rl" in preset.split(",")
@@ -108,7 +110,7 @@ def test_every_preset_builds(name, preset):
     assert c.env.kwargs.get("path") is None and c.env.kwargs.get("corpus_path") is None
 
 
-# PAPERS.md values of each file's default preset (section 1: AT-GRPO, 2: Dr. MAS, 3: MAGRPO).
+# docs/papers.md values of each file's default preset (section 1: AT-GRPO, 2: Dr. MAS, 3: MAGRPO).
 _ATGRPO = {"rollout.mode": "tree", "rollout.k": 8, "rollout.problems_per_step": 32,
            "train.steps": 200, "sampling.max_new_tokens": 2048, "optim.lr": 1e-6,
            "optim.schedule": "constant", "optim.weight_decay": 0.01, "optim.max_grad_norm": 1.0,
@@ -126,7 +128,7 @@ _DRMAS = {"rollout.mode": "independent", "algo.estimator": "drmas", "algo.alpha"
 _MAGRPO = {"rollout.mode": "independent", "rollout.k": 4, "env.workflow": "magrpo",
            "env.max_turns": 1, "algo.estimator": "magrpo", "algo.alpha": 0.0,
            "algo.baseline": "mean", "loss.policy_loss": "reinforce", "loss.kl_coef": 0.0,
-           "policy.kind": "stacked", "policy.per_role": True}
+           "policy.kind": "stacked"}
 PAPER_DEFAULTS = {
     "atgrpo_math": {**_ATGRPO, "env.name": "math", "env.workflow": "atgrpo"},
     "atgrpo_code": {**_ATGRPO, "env.name": "code", "env.workflow": "atgrpo"},
@@ -170,23 +172,21 @@ def test_defaults_are_the_papers(name):
     ("atgrpo_math", "mas_grpo", {"env.workflow": "atgrpo", "algo.estimator": "grpo",
                                  "rollout.mode": "independent", "algo.alpha": 1.0,
                                  "algo.std_ddof": 1}),
-    ("atgrpo_code", "mas_lora", {"policy.kind": "lora", "policy.per_role": True,
+    ("atgrpo_code", "mas_lora", {"policy.kind": "lora",
                                  "lora.rank": 16, "lora.alpha": 32.0}),
-    ("atgrpo_code", "mas_full", {"policy.kind": "stacked", "policy.per_role": True}),
+    ("atgrpo_code", "mas_full", {"policy.kind": "stacked"}),
     ("atgrpo_code", "mas_norl", {"train.eval_only": True, "env.workflow": "atgrpo"}),
     ("atgrpo_math", "single", {"train.eval_only": True, "env.max_turns": 1}),
     # Dr. MAS's vanilla GRPO: calls scored with their trajectory's mean (traj_grpo).
     ("drmas_math", "grpo", {"algo.estimator": "traj_grpo", "algo.alpha": 1.0,
                             "algo.std_ddof": 1, "policy.kind": "shared"}),
-    ("drmas_search", "full,grpo", {"algo.estimator": "traj_grpo", "policy.kind": "stacked",
-                                   "policy.per_role": True}),
+    ("drmas_search", "full,grpo", {"algo.estimator": "traj_grpo", "policy.kind": "stacked"}),
     ("drmas_search", "lora", {"algo.estimator": "drmas", "policy.kind": "lora"}),
-    ("magrpo_tldr", "rloo,shared", {"algo.baseline": "loo", "policy.kind": "shared",
-                                    "policy.per_role": False}),
+    ("magrpo_tldr", "rloo,shared", {"algo.baseline": "loo", "policy.kind": "shared"}),
     ("magrpo_humaneval", "remax,lora", {"algo.baseline": "max", "policy.kind": "lora"}),
     # Learned spawning over fixed workers: the dispatcher's model, one for the rest, RL on it.
     ("orchestration_spawn", "checked,split,cpu",
-     {"env.workflow": "spawn_checked", "policy.kind": "stacked", "policy.per_role": True,
+     {"env.workflow": "spawn_checked", "policy.kind": "stacked",
       "policy.share": ("worker_1+worker_2+worker_3+worker_4+aggregator",),
       "train.agents": "dispatcher"}),
     ("orchestration_spawn", "delegate,split",
@@ -310,7 +310,7 @@ def test_local_datasets_map_seeds_to_rows(tmp_path):
   # its rows, seed s -> row s % rows, with dense problem ids.
   c = importlib.import_module("configs.drmas_math").get_config("cpu")
   c.env.kwargs.path = math_path
-  built = trainer.problems(c, 4, 2)
+  built = setup.problems(c, 4, 2)
   assert [p.problem_id for p in built] == [0, 1]
   assert [registry.make_env("math", **p.kwargs).problem.question for p in built] == [
       "What is 1 + 1?", "What is 2 + 1?"]
@@ -326,9 +326,9 @@ def test_evaluation_reads_its_own_split(tmp_path):
   c = importlib.import_module("configs.drmas_math").get_config("cpu")
   c.env.kwargs.path, c.env.kwargs.fmt, c.eval.env_kwargs.path = train, "plain", test
   question = lambda p: registry.make_env("math", **p.kwargs).problem.question
-  assert [question(p) for p in trainer.problems(c, 0, 2)] == ["What is 0 + 1?", "What is 1 + 1?"]
+  assert [question(p) for p in setup.problems(c, 0, 2)] == ["What is 0 + 1?", "What is 1 + 1?"]
   # Evaluation problem i reads row (seed_offset + i) % 4 of the test file: 1e6 % 4 == 0.
-  evaluated = trainer.problems(c, c.eval.seed_offset, 4, for_eval=True)
+  evaluated = setup.problems(c, c.eval.seed_offset, 4, for_eval=True)
   assert [question(p) for p in evaluated] == [f"What is {i} * 2?" for i in range(4)]
   assert all(p.kwargs["fmt"] == "plain" for p in evaluated)
   with c.unlocked():
@@ -380,7 +380,7 @@ def _check_workdir(c, workdir, summary) -> list[dict]:
   assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()
                 if p.name.isdigit()) == [1, 2]
   trace_path = workdir / "traces" / "eval_step2.jsonl"
-  traces = store.load_traces(trace_path)
+  traces = [t for _, t in store.iter_traces(trace_path)]
   content = store.read_content(trace_path)
   assert len(traces) == c.eval.num_problems * c.eval.k
   for t in traces:

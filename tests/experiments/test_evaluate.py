@@ -8,7 +8,7 @@ import json
 
 import toy_task
 from configs import drmas_math
-from marl_jax.training import trainer
+from marl_jax.training import evaluation
 from marl_jax.traces import store
 
 
@@ -25,11 +25,11 @@ def test_evaluates_a_named_split_from_its_own_file(tmp_path):
   c.logging.wandb_mode, c.logging.console, c.logging.progress = "disabled", False, False
   c.env.kwargs.path, c.eval.env_kwargs.path, c.eval.num_problems = str(train), str(test), 3
   workdir = tmp_path / "run"
-  result = trainer.evaluate_checkpoint(c, str(workdir), None, "test")
+  result = evaluation.evaluate_checkpoint(c, str(workdir), None, "test")
   assert result["step"] == 0 and set(result) >= {"test/accuracy", "test/pass@2"}
   assert result["grader"] == "builtin"  # Dr. MAS's code grades with its own checker
   assert json.loads((workdir / "eval" / "test_step0.json").read_text()) == result
-  traces = store.load_traces(workdir / "traces" / "test_step0.jsonl")
+  traces = [t for _, t in store.iter_traces(workdir / "traces" / "test_step0.jsonl")]
   assert len(traces) == 3 * c.eval.k  # every row of the test file, k episodes each
   kwargs = [t["events"][0]["env_kwargs"] for t in traces]
   assert {k["path"] for k in kwargs} == {str(test)}
@@ -50,7 +50,7 @@ def test_a_checkpoint_of_another_model_is_refused_in_one_line(tmp_path):
     writer.save(3, {"train": {"embed": jnp.zeros((7, 5))}, "rng": jnp.zeros(2, jnp.uint32)}, {})
   before = sorted(p.name for p in (workdir / CHECKPOINT_DIR).iterdir())
   try:
-    trainer.evaluate_checkpoint(toy_task.toy_config(str(model), steps=1), str(workdir))
+    evaluation.evaluate_checkpoint(toy_task.toy_config(str(model), steps=1), str(workdir))
   except CheckpointMismatchError as e:
     line = e.report()
   else:

@@ -36,13 +36,14 @@ def tiny_config(preset: str = "mas_shared,cpu"):
 
 
 def planned_step(s: plan.Setup):
-  """(abstract state, frozen, batch, step fn, analysis) of the plan's train step."""
+  """(abstract state, frozen, batch, targets, step fn, analysis) of the plan's train step."""
   trainable, frozen = plan.abstract_params(s.policy, s.mesh)
   fns = make_train_step(s.train, s.mesh)
   state = plan.abstract_state(fns, trainable, s.mesh)
   batch = plan.abstract_batch(s, share_prompts=False)
-  return state, frozen, batch, fns.update, plan.analyse(fns.update, state, frozen, batch,
-                                                         donate=(0,))
+  targets = plan.abstract_targets(s, fns, batch)
+  return state, frozen, batch, targets, fns.update, plan.analyse(fns.update, state, frozen,
+                                                                  batch, targets, donate=(0,))
 
 
 def real_samples(s: plan.Setup, vocab: int, seed: int = 0):
@@ -68,31 +69,32 @@ def on_device0(tree) -> int:
 def test_abstract_plan_matches_the_trainers_real_step():
   c = tiny_config()
   s = plan.setup(c, (2, 4, 1), PROMPT)
-  state_abs, frozen_abs, batch_abs, step, planned = planned_step(s)
+  state_abs, frozen_abs, batch_abs, _, step, planned = planned_step(s)
 
   fns = make_train_step(s.train, s.mesh)
   trainable, frozen = policies.init_params(s.policy, jax.random.key(0))
   trainable, frozen = fns.shard_params(trainable, frozen)
   state = fns.init(trainable)
   batch = fns.shard_batch(layouts.build_batch(s.policy, real_samples(s, 256), s.shape, [0]))
+  batch, targets, _ = fns.prepare(batch)
   # The abstract state is the trainer's: shapes, dtypes and shardings.
   for a, r in zip(jax.tree.leaves(state_abs), jax.tree.leaves(state), strict=True):
     assert (a.shape, a.dtype) == (r.shape, r.dtype)
     assert a.sharding.is_equivalent_to(r.sharding, r.ndim), (a.sharding, r.sharding)
   # Exact per-device bytes of params and optimizer state; the step's arguments are those plus
-  # the batch fields it reads (jit drops the unused ones, e.g. the critic's values).
+  # the batch and target fields it reads (jit drops the unused ones, e.g. the critic's values).
   assert plan.device_bytes(state_abs.params) == on_device0(state.params)
   assert plan.device_bytes(state_abs.opt_state) == on_device0(state.opt_state)
   assert plan.device_bytes((state_abs, frozen_abs)) == on_device0((state, frozen))
   used = on_device0((state, frozen, batch.prompt, batch.prompt_mask, batch.response))
-  assert used <= planned["argument_bytes"] <= on_device0((state, frozen, batch))
+  assert used <= planned["argument_bytes"] <= on_device0((state, frozen, batch, targets))
   # Lowered from real arrays, the step compiles to the same program.
-  concrete = plan.analyse(step, state, frozen, batch, donate=(0,))
+  concrete = plan.analyse(step, state, frozen, batch, targets, donate=(0,))
   for key in ("flops", "xla_flops", "temp_bytes", "argument_bytes", "output_bytes"):
     assert concrete[key] == planned[key], key
   # The plan's step is the trainer's step: one update from the same state gives the same result.
-  ours, our_metrics = jax.jit(step)(state, frozen, batch)
-  theirs, their_metrics = fns.step(state, frozen, batch)
+  ours, our_metrics = jax.jit(step)(state, frozen, batch, targets)
+  theirs, their_metrics = fns.step(state, frozen, batch, targets)
   assert float(their_metrics["grad_norm"]) > 0
   np.testing.assert_allclose(our_metrics["loss"], their_metrics["loss"], rtol=1e-6)
   for a, b in zip(jax.tree.leaves(ours.params), jax.tree.leaves(theirs.params), strict=True):
@@ -106,7 +108,7 @@ def test_train_step_flops_match_a_derivation():
   c = tiny_config()
   c.train.remat = False  # remat recomputes (most of) the forward: 4x, not 3x
   s = plan.setup(c, (8, 1, 1), PROMPT)
-  *_, batch, _, planned = planned_step(s)
+  _, _, batch, _, _, planned = planned_step(s)
   m = get_preset("tiny-llama")
   L, D, F, V = m.num_hidden_layers, m.hidden_size, m.intermediate_size, m.vocab_size
   Hq, Hkv, Dh = m.num_attention_heads, m.num_key_value_heads, m.head_dim

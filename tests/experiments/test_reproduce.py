@@ -1,5 +1,5 @@
 """experiments.reproduce: every table's paper-scale commands, collection of finished runs into
-mean +- standard error over seeds, beside PAPERS.md's numbers (nothing is run here)."""
+mean +- standard error over seeds, beside docs/papers.md's numbers (nothing is run here)."""
 
 from __future__ import annotations
 

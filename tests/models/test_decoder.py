@@ -72,7 +72,7 @@ def test_sdpa_log_probs_and_gradients_match_eager(shared):
   eager, sdpa = _configs("tiny-llama")
   params = decoder.init_params(eager, jax.random.key(2), scale=0.2)
   rng = np.random.default_rng(3)
-  G, U, Tp, R = 3, 2, 6, 5
+  G, U, R = 3, 2, 5
   prompt, prompt_mask, _ = _batch(eager.vocab_size, [6, 2], seed=4)
   prompt, prompt_mask = prompt.repeat(G, axis=0), prompt_mask.repeat(G, axis=0)  # [U * G, Tp]
   response = rng.integers(1, eager.vocab_size, (U * G, R)).astype(np.int32)

@@ -17,17 +17,19 @@ from marl_jax.models.config import get_preset
 from marl_jax.parallel import gradients
 from marl_jax.parallel.mesh import BATCH_AXES, make_mesh
 from marl_jax.parallel.policies import PolicyConfig
-from marl_jax.parallel.train_step import TrainConfig, TrainState, guarded_update
+from marl_jax.parallel.train_config import TrainConfig, TrainSettings, TrainState
+from marl_jax.parallel.train_step import guarded_update
 from host import cpu_devices
 
 MODEL = get_preset("tiny-llama")
 
 
-def _cfg(kind="shared", **kw):
+def _cfg(kind="shared", **train):
   P_ = 1 if kind == "shared" else 2
   return TrainConfig(policy=PolicyConfig(kind=kind, models=(MODEL,), num_policies=P_),
                      advantage=AdvantageConfig("grpo"), loss=LossConfig(),
-                     space=GroupSpace(num_problems=1, num_agents=P_), **kw)
+                     space=GroupSpace(num_problems=1, num_agents=P_),
+                     train=TrainSettings(**train))
 
 
 def _state(w):

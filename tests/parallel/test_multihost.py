@@ -48,9 +48,10 @@ from marl_jax.algos.optim import OptimConfig  # noqa: E402
 from marl_jax.models import decoder  # noqa: E402
 from marl_jax.models.config import get_preset  # noqa: E402
 from marl_jax.parallel import distributed, multihost, sharding  # noqa: E402
-from marl_jax.parallel import policies  # noqa: E402
+from marl_jax.parallel import policies, update  # noqa: E402
 from marl_jax.parallel.mesh import BATCH_AXES, make_mesh  # noqa: E402
-from marl_jax.parallel.train_step import TrainConfig, make_train_step  # noqa: E402
+from marl_jax.parallel.train_config import TrainConfig, TrainSettings  # noqa: E402
+from marl_jax.parallel.train_step import make_train_step  # noqa: E402
 from marl_jax.training.metrics import read_metrics  # noqa: E402
 import host  # noqa: E402  (its probes start jax's backend: used inside functions only)
 # marl_jax.training.trainer and toy_task start the jax backend when imported: the workers import
@@ -71,7 +72,8 @@ def _train_config():
                                  num_policies=1,
                                  optim=(OptimConfig(lr=1e-3, eps=1e-2, max_grad_norm=1.0),))
   return TrainConfig(policy=policy, advantage=AdvantageConfig("grpo"), loss=LossConfig(),
-                     space=GroupSpace(num_problems=N // K, num_agents=A), micro_batches=2)
+                     space=GroupSpace(num_problems=N // K, num_agents=A),
+                     train=TrainSettings(micro_batches=2))
 
 
 def _make_inputs(path: Path) -> None:
@@ -114,14 +116,15 @@ def _run_steps(mesh, inputs, rows: slice):
   Returns (per-step metrics as host arrays, final TrainState).
   """
   trainable, frozen, batch = inputs
-  fns = make_train_step(_train_config(), mesh, compiler_options=host.FAST_COMPILE)
+  cfg = _train_config()
+  fns = make_train_step(cfg, mesh, compiler_options=host.FAST_COMPILE)
   trainable, frozen = fns.shard_params(trainable, frozen)
   state = fns.init(trainable)
   local = jax.tree.map(lambda x: x[rows], batch)
   global_batch = distributed.process_local_batch_to_global(local, mesh, P(BATCH_AXES))
   history = []
   for _ in range(STEPS):
-    state, metrics = fns.step(state, frozen, global_batch)
+    state, metrics = update.run(fns, cfg, state, frozen, global_batch, np.random.default_rng(0))
     history.append({k: np.asarray(v) for k, v in jax.device_get(metrics).items()})
   return history, state
 
@@ -199,7 +202,7 @@ def _worker_train(process_id: int, port: int, out_dir: str, model_dir: str) -> N
   distributed.initialize_distributed(f"127.0.0.1:{port}", NUM_PROCESSES, process_id,
                                      initialization_timeout_s=60)
   import toy_task  # pylint: disable=import-outside-toplevel
-  from marl_jax.training import evaluation, trainer  # pylint: disable=import-outside-toplevel
+  from marl_jax.training import eval_metrics, trainer  # pylint: disable=import-outside-toplevel
 
   toy_task.register()
   rollouts, scalars = [], []
@@ -212,7 +215,7 @@ def _worker_train(process_id: int, port: int, out_dir: str, model_dir: str) -> N
     return run
 
   trainer.rollout = recording(trainer.rollout)
-  evaluation.rollout = recording(evaluation.rollout)
+  eval_metrics.rollout = recording(eval_metrics.rollout)
   train_step = trainer.Run.train_step
 
   def recording_step(run, step):
@@ -229,7 +232,7 @@ def _worker_train(process_id: int, port: int, out_dir: str, model_dir: str) -> N
 def _reference_train(out_dir: str, model_dir: str) -> None:
   """One process over 4 devices, the same config, replaying the union of the workers' rollouts."""
   import toy_task  # pylint: disable=import-outside-toplevel
-  from marl_jax.training import evaluation, trainer  # pylint: disable=import-outside-toplevel
+  from marl_jax.training import eval_metrics, trainer  # pylint: disable=import-outside-toplevel
   from marl_jax.workflows.rollout import RolloutResult  # pylint: disable=import-outside-toplevel
 
   toy_task.register()
@@ -247,7 +250,7 @@ def _reference_train(out_dir: str, model_dir: str) -> None:
                          sorted([e for _, r in parts for e in r.episodes],
                                 key=lambda e: e.traj_id))
 
-  trainer.rollout = evaluation.rollout = replay
+  trainer.rollout = eval_metrics.rollout = replay
   trainer.train(_toy_config(model_dir), str(Path(out_dir) / "reference"))
 
 

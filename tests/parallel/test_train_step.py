@@ -24,7 +24,8 @@ from marl_jax.models.lora import LoraConfig
 from marl_jax.parallel import policies
 from marl_jax.parallel import layouts
 from marl_jax.parallel.mesh import make_mesh
-from marl_jax.parallel.train_step import TrainConfig, make_train_step
+from marl_jax.parallel.train_config import TrainConfig, TrainSettings
+from marl_jax.parallel.train_step import make_train_step
 from host import FAST_COMPILE, cpu_devices
 
 MODEL = get_preset("tiny-llama")
@@ -169,8 +170,9 @@ def build(kind="shared", P=1, mesh_shape=(1, 1, 1), micro_batches=1, estimator="
   policy = policies.PolicyConfig(kind=kind, models=(model,) * (P if kind == "mapped" else 1),
                                  num_policies=P, optim=(OPTIM,), **policy_kw)
   cfg = TrainConfig(policy=policy, advantage=AdvantageConfig(estimator), loss=LossConfig(),
-                    space=SPACE, micro_batches=micro_batches, agent_grad_norms=agent_grad_norms,
-                    logits_chunk=logits_chunk)
+                    space=SPACE, train=TrainSettings(micro_batches=micro_batches,
+                                                     agent_grad_norms=agent_grad_norms,
+                                                     logits_chunk=logits_chunk))
   devices = cpu_devices(int(np.prod(mesh_shape)))
   fns = make_train_step(cfg, make_mesh(*mesh_shape, devices=devices),
                         optimizer=recording(policies.make_optimizer(policy)),
@@ -178,11 +180,19 @@ def build(kind="shared", P=1, mesh_shape=(1, 1, 1), micro_batches=1, estimator="
   return cfg, fns
 
 
+def one_update(fns, state, frozen, batch):
+  """One update on the whole rollout `batch` (the one update path's single mini-batch): its
+  host checks, its targets, the step."""
+  fns.check(batch)
+  batch, targets, _ = fns.prepare(fns.shard_batch(batch))
+  return fns.step(state, frozen, batch, targets)
+
+
 def run_step(fns, trainable, frozen, batch):
   # Host copies: placing host arrays needs no resharding programs, and the fixtures' arrays
   # survive the step's buffer donation.
   trainable, frozen = fns.shard_params(*jax.tree.map(np.asarray, (trainable, frozen)))
-  state, metrics = fns.step(fns.init(trainable), frozen, fns.shard_batch(batch))
+  state, metrics = one_update(fns, fns.init(trainable), frozen, batch)
   return state.opt_state[0], state, jax.device_get(metrics)  # (grads, state, metrics)
 
 
@@ -377,11 +387,11 @@ def test_non_finite_guard(shared_setup):
   trainable, _ = fns.shard_params(jax.tree.map(np.asarray, s["trainable"]), {})
   state = fns.init(trainable)
   before = jax.tree.map(np.array, (state.params, state.opt_state))
-  state, metrics = fns.step(state, {}, fns.shard_batch(bad))
+  state, metrics = one_update(fns, state, {}, bad)
   assert not metrics["finite"] and int(state.skipped) == 1 and int(state.step) == 1
   after = jax.tree.map(np.asarray, (state.params, state.opt_state))
   jax.tree.map(np.testing.assert_array_equal, after, before)
-  state, metrics = fns.step(state, {}, fns.shard_batch(batch))
+  state, metrics = one_update(fns, state, {}, batch)
   assert metrics["finite"] and int(state.skipped) == 1 and int(state.step) == 2
   assert_close(state.params, s["state"].params)
 
@@ -408,7 +418,8 @@ def test_config_errors():
     policies.PolicyConfig(kind="stacked", models=(MODEL,), num_policies=2, optim=(OPTIM,) * 3)
   with pytest.raises(ValueError, match="'gae_action' needs a critic"):
     _cfg(advantage=AdvantageConfig("gae_action"))
-  with pytest.raises(ValueError, match="critic needs a frozen base"):
+  with pytest.raises(ValueError,
+                     match=r"policy.critic=\(8,\) needs policy.kind='lora' \(the frozen base"):
     policies.PolicyConfig(models=(MODEL,), critic=(8,))
   with pytest.raises(ValueError, match="unknown policy kind"):
     policies.PolicyConfig(kind="per_role", models=(MODEL,))
@@ -420,19 +431,18 @@ def test_batch_errors_before_compute(shared_setup):
   """Bad batches fail on the host, naming the culprit, before anything is compiled or run."""
   s = shared_setup
   cfg, fns, batch = s["cfg"], s["fns"], s["batch"]
-  state = object()  # never reached: validation comes first
   bad_policy = batch.replace(samples=batch.samples.replace(
       policy_id=np.where(np.arange(N) == 5, 1, 0).astype(np.int32)))
   with pytest.raises(ValueError, match="sample 5: policy_id=1 .* 1 policies with params"):
-    fns.step(state, {}, bad_policy)
+    fns.check(bad_policy)
   bad_agent = batch.replace(samples=batch.samples.replace(
       agent_id=np.where(np.arange(N) == 2, 2, batch.samples.agent_id).astype(np.int32)))
   with pytest.raises(ValueError, match="sample 2: agent_id=2 outside"):
-    fns.step(state, {}, bad_agent)
+    fns.check(bad_agent)
   short = jax.tree.map(lambda x: x[:12], batch)
   _, fns8 = build(mesh_shape=(8, 1, 1))
   with pytest.raises(ValueError, match="12 samples per block do not split into 8"):
-    fns8.step(state, {}, short)
+    fns8.check(short)
   with pytest.raises(ValueError, match="old_logp has shape"):
-    fns.step(state, {}, batch.replace(old_logp=batch.old_logp[:, :2]))
+    fns.check(batch.replace(old_logp=batch.old_logp[:, :2]))
   del cfg

@@ -29,7 +29,7 @@ _REPO = pathlib.Path(__file__).resolve().parents[2]
 @pytest.fixture
 def fresh_detection():
   """Forgets the probed backend and the opt-in around a test that changes what is detected."""
-  caches = (sandbox._bwrap_binary, sandbox._detect_backend, sandbox._warn_rlimit_once)
+  caches = (sandbox._bwrap_binary, sandbox.detected_backend, sandbox._warn_rlimit_once)
   for cache in caches:
     cache.cache_clear()
   yield

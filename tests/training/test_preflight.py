@@ -137,9 +137,8 @@ def test_decision_workflows_need_independent_rollouts(tmp_path):
   c = orchestration_stop.get_config("cpu")
   preflight.check(c, str(tmp_path / "ok"))
   c.rollout.mode = "tree"
-  with pytest.raises(UserInputError, match=r"^workflow 'learned_stop' of 'math' credits decisions "
-                     r".* config.rollout.mode='tree' cannot carry; set "
-                     r"config.rollout.mode='independent'$"):
+  with pytest.raises(UserInputError, match=r"^config.rollout.mode='tree': 'math' credits decisions "
+                     r".* expected rollout.mode='independent'$"):
     preflight.check(c, str(tmp_path / "tree"))
 
 

@@ -21,7 +21,7 @@ from marl_jax.traces import store
 from marl_jax.models import config as model_config
 from marl_jax.models.loading import load_model
 from marl_jax.training import config as config_lib
-from marl_jax.training import preflight, sft, trainer
+from marl_jax.training import evaluation, preflight, setup, sft, trainer
 from marl_jax.training.checkpoint import Checkpointer, saved_steps
 from marl_jax.training.llm_policy import prompt_ids
 from marl_jax.training.metrics import read_metrics
@@ -55,7 +55,7 @@ def _config(model_dir, preset="cpu"):
 def _demonstrations(c, tokenizer, seeds):
   built = config_lib.build(c)
   policy = PolicyConfig(models=(model_config.get_preset("tiny-llama"),))
-  problems = trainer.problems(c, seeds, c.sft.problems_per_step)
+  problems = setup.problems(c, seeds, c.sft.problems_per_step)
   return sft.demonstrations(problems, built.spec, sft.Demonstrator(policy, [tokenizer]),
                             RolloutConfig())
 
@@ -101,7 +101,7 @@ def _math_demonstrations(model_dir, tokenizer, workflow, rate, n):
   c.sft.steps, c.sft.problems_per_step, c.sft.mistake_rate = 1, n, rate
   built = config_lib.build(c)
   policy = PolicyConfig(models=(model_config.get_preset("tiny-llama"),))
-  problems = trainer.problems(c, sft.first_seed(c, 0), n)
+  problems = setup.problems(c, sft.first_seed(c, 0), n)
   return (problems, *sft.demonstrations(
       problems, built.spec, sft.Demonstrator(policy, [tokenizer], rate), RolloutConfig()))
 
@@ -151,7 +151,7 @@ def test_spawning_teams_demonstrate_every_call(model_dir, tokenizer, decision):
   c.sft.steps, c.sft.problems_per_step = 1, 4
   built = config_lib.build(c)
   policy = PolicyConfig(models=(model_config.get_preset("tiny-llama"),))
-  problems = trainer.problems(c, sft.first_seed(c, 0), 4)
+  problems = setup.problems(c, sft.first_seed(c, 0), 4)
   samples, metrics = sft.demonstrations(problems, built.spec,
                                         sft.Demonstrator(policy, [tokenizer]), RolloutConfig())
   assert metrics["sft/solved"] == 1.0
@@ -203,7 +203,8 @@ def test_a_row_without_rl_evaluates_the_warm_started_policy(model_dir, tmp_path)
   rl = _config(model_dir, "mas_shared,cpu")
   trainer.train(rl, str(tmp_path / "rl"))
   step0 = next(r for r in read_metrics(str(tmp_path / "rl")) if r["step"] == 0)
-  result = trainer.evaluate_checkpoint(_config(model_dir, "mas_norl,cpu"), str(tmp_path / "norl"))
+  result = evaluation.evaluate_checkpoint(_config(model_dir, "mas_norl,cpu"),
+                                         str(tmp_path / "norl"))
   assert result["step"] == 0 and result["sft/steps"] == 2
   assert result["sft/first_loss"] == step0["sft/first_loss"]
   assert result["eval/accuracy"] == step0["eval/accuracy"]

@@ -28,9 +28,10 @@ from marl_jax.models import config as model_config
 from marl_jax.models import decoder, hf
 from marl_jax.models.loading import load_model
 from marl_jax.models.lora import LoraConfig
-from marl_jax.parallel import policies
+from marl_jax.parallel import layouts, policies
 from marl_jax.parallel.mesh import make_mesh
-from marl_jax.parallel.train_step import TrainConfig, make_train_step
+from marl_jax.parallel.train_config import TrainConfig
+from marl_jax.parallel.train_step import make_train_step
 from marl_jax.traces import replay, store
 from marl_jax.traces.schema import validate
 from marl_jax.training import config as config_lib
@@ -127,11 +128,11 @@ def recorded(monkeypatch):
   def recording_make(cfg, mesh, *args, **kwargs):
     fns = make(cfg, mesh, *args, **kwargs)
 
-    def prepare(params, frozen, batch, **kwargs):
+    def prepare(batch):
       prepared.append(jax.device_get(batch))
-      return fns.prepare(params, frozen, batch, **kwargs)
+      return fns.prepare(batch)
 
-    def step(state, frozen, batch, targets=None):
+    def step(state, frozen, batch, targets):
       before = jax.device_get(state.params)  # the step donates `state`
       new_state, metrics = fns.step(state, frozen, batch, targets)
       batch = jax.device_get(batch)
@@ -150,7 +151,7 @@ def _pair_config(models, quiet_below: int):
   c = toy_task.toy_config(models[0], steps=2)
   c.env.name, c.env.workflow = PAIR, "mas"
   c.env.kwargs.quiet_below = quiet_below
-  c.policy.kind, c.policy.per_role, c.policy.models = "mapped", True, models
+  c.policy.kind, c.policy.models = "mapped", models
   c.algo.estimator, c.algo.alpha = "drmas", 0.0
   c.optim.weight_decay = 0.0  # a policy with zero gradients must keep its params bit for bit
   return c
@@ -238,7 +239,7 @@ def test_shared_worker_policy_stays_fixed_while_its_lead_trains(models, recorded
   lead's move."""
   c = toy_task.toy_config(models[0], steps=1)
   c.env.name, c.env.workflow = TRIO, "mas"
-  c.policy.kind, c.policy.per_role, c.policy.share = "stacked", True, ("worker_a+worker_b",)
+  c.policy.kind, c.policy.share = "stacked", ("worker_a+worker_b",)
   c.algo.estimator, c.algo.alpha = "drmas", 0.0
   c.optim.weight_decay = 0.5  # decay alone would move every weight of a trained policy
   c.train.agents = "lead"
@@ -309,7 +310,7 @@ def test_marft_cpu_preset_with_critic(models, recorded, tmp_path, variant):
   assert [r["step"] for r in read_metrics(tmp_path) if "train/loss" in r] == [1, 2]
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1", "2"]
   path = tmp_path / "traces" / "eval_step2.jsonl"
-  traces, content = store.load_traces(path), store.read_content(path)
+  traces, content = [t for _, t in store.iter_traces(path)], store.read_content(path)
   assert len(traces) == c.eval.num_problems
   for t in traces:
     validate(t)
@@ -329,18 +330,24 @@ def _set(**fields):
 
 @pytest.mark.parametrize("edit, message", [
     (_set(policy__kind="mapped", policy__models=("smollm2-135m-instruct",) * 3),
-     r"config.policy.models has 3 entries but the 'marft' workflow of 'math' has 2 policies"),
+     r"config.policy.models has 3 model\(s\) for policy.kind='mapped' with 2 policies; "
+     r"expected 2 \(one per policy, in agent order\)"),
     (_set(policy__kind="stacked", policy__models=("smollm2-135m-instruct",) * 2),
-     "only kind 'mapped' uses; got config.policy.kind='stacked'"),
+     r"config.policy.models has 2 model\(s\) for policy.kind='stacked' .* expected 1 "
+     r"\(per-policy models are for kind 'mapped'\)"),
     (_set(policy__kind="mapped", policy__models=("smollm2-135m-instruct", "/no/such/model")),
      r"config.policy.models\[1\]='/no/such/model' is neither a known preset"),
     (_set(algo__estimator="grpo"),
      r"config.policy.critic=\(1024, 512\) but config.algo.estimator='grpo' uses no critic"),
     (_set(policy__critic=None), "config.algo.estimator='gae_action' needs a critic"),
-    (_set(policy__kind="stacked"), "config.policy.critic needs config.policy.kind='lora'"),
+    (_set(policy__kind="stacked"),
+     r"config.policy.critic=\(1024, 512\) needs policy.kind='lora' \(the frozen base"),
     (_set(policy__critic=(64, 0)), r"config.policy.critic=\(64, 0\); expected hidden sizes"),
     (_set(rollout__mode="tree"), "config.rollout.mode='tree' puts K samples in one"),
-    (_set(train__target_kl=-1.0), "config.train.target_kl=-1.0 needs a value > 0"),
+    (_set(train__target_kl=-1.0),
+     "config.train.target_kl=-1.0; expected a finite number > 0 or None"),
+    (_set(loss__policy_loss="reinforce", train__target_kl=0.1),
+     "config.train.target_kl=0.1 uses PPO's approximate KL; expected loss.policy_loss='ppo'"),
 ])
 def test_team_config_errors_fail_before_compute(edit, message):
   c = marft_math.get_config("action,cpu")
@@ -357,7 +364,8 @@ def test_drmas_hetero_presets_map_one_model_per_agent(name, cpu):
   module = importlib.import_module(f"configs.{name}")
   c = module.get_config("hetero,cpu" if cpu else "hetero")
   config_lib.build(c)
-  spec = registry.workflow_spec(c.env.name, c.env.workflow, c.env.max_turns, c.policy.per_role)
+  spec = registry.workflow_spec(c.env.name, c.env.workflow, c.env.max_turns,
+                                layouts.of(c.policy).per_role)
   assert c.policy.kind == "mapped" and len(c.policy.models) == len(spec.agents)
   assert c.policy.models == ((c.model,) * len(spec.agents) if cpu else module.HETERO)
 

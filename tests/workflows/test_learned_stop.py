@@ -26,9 +26,9 @@ from marl_jax.algos import batch as batch_lib
 from marl_jax.algos.advantages import estimate
 from marl_jax.traces import replay as replay_lib
 from marl_jax.traces import schema, stats
-from marl_jax.envs.math.env import CheckedStopMathEnv, decision
+from marl_jax.envs.math.orchestration_stop import CheckedStopMathEnv, decision
 from marl_jax.training import config as config_lib
-from marl_jax.training import trainer
+from marl_jax.training import setup
 from marl_jax.workflows import registry
 from marl_jax.workflows.rollout import Generation, Problem, RolloutConfig, rollout
 
@@ -330,7 +330,7 @@ def test_state_matched_groups_compare_decisions_after_the_same_review():
   c.rollout.k, c.rollout.problems_per_step = k, n
   c.algo.group_by = "problem_turn_agent_state"  # the preset pools them over problems
   built = config_lib.build(c)
-  shape = trainer.batch_shape(c, built.spec, shards=1)
+  shape = setup.batch_shape(c, built.spec, shards=1)
   assert shape.space.num_states == 2
   rows = batch_lib.round_rows(len(samples))
   batch = batch_lib.build_rows(samples, shape, pad_id=0, rows=rows, width=32, resp_width=16)
@@ -387,8 +387,8 @@ def test_pooled_state_groups_refuse_dynamic_sampling():
 
 
 def test_decision_rewards_need_independent_rollouts():
-  with pytest.raises(ValueError, match=r"settles decision rewards .* use rollout mode "
-                     r"'independent'$"):
+  with pytest.raises(ValueError, match=r"^rollout.mode='tree': 'math' credits decisions .* "
+                     r"expected rollout.mode='independent'$"):
     rollout(_problems("learned_stop", 1), registry.workflow_spec("math", "learned_stop"),
             _team(_follow_verifier), None, RolloutConfig(mode="tree", k=2))
   with pytest.raises(ValueError, match="round_cost / premature_penalty price the learned_stop"):

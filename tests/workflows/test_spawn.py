@@ -15,7 +15,7 @@ import pytest
 from configs import orchestration_spawn
 from marl_jax.algos import batch as batch_lib
 from marl_jax.algos.advantages import estimate
-from marl_jax.envs.math import env as math_env
+from marl_jax.envs.math import orchestration_spawn as spawn_env
 from marl_jax.traces import replay as replay_lib
 from marl_jax.traces import schema, stats
 from marl_jax.training import config as config_lib
@@ -123,11 +123,11 @@ def test_spawn_order_rewards_advantages_and_traces():
 
 
 def test_spawn_count_parsing_and_spec():
-  assert math_env.spawn_count("I pick #### 3") == 3
-  assert math_env.spawn_count("#### 2 then #### 4") == 4  # the last one
-  assert math_env.spawn_count("#### 0") is None and math_env.spawn_count("#### 5") is None
-  assert math_env.spawns("no number") == ("worker_1",)
-  assert math_env.spawns("#### 3") == ("worker_1", "worker_2", "worker_3")
+  assert spawn_env.spawn_count("I pick #### 3") == 3
+  assert spawn_env.spawn_count("#### 2 then #### 4") == 4  # the last one
+  assert spawn_env.spawn_count("#### 0") is None and spawn_env.spawn_count("#### 5") is None
+  assert spawn_env.spawns("no number") == ("worker_1",)
+  assert spawn_env.spawns("#### 3") == ("worker_1", "worker_2", "worker_3")
   env = registry.make_env("math", seed=0, workflow="spawn")
   result = env.step("dispatcher", "many")  # no N: one worker, the format penalty
   assert result.info["spawn"] == ["worker_1"] and result.rewards == {"dispatcher": -0.1}
@@ -202,7 +202,7 @@ def test_delegate_routes_to_the_named_specialists_and_prices_their_wall_clock():
     chosen[traj] = team
     assert [s.agent for s in samples] == ["dispatcher", *team, "aggregator"]
     for s in samples[1:-1]:  # each specialist is prompted as itself
-      assert s.messages[0]["content"] == math_env.SPECIALISTS[s.agent][1]
+      assert s.messages[0]["content"] == spawn_env.SPECIALISTS[s.agent][1]
     right, wrong = sum(n != "concise" for n in team), int("concise" in team)
     solved = float(right > wrong)
     lengths = [len(s.generation.text) for s in samples[1:-1]]  # the scripted replies' lengths
@@ -239,11 +239,11 @@ def test_delegate_routes_to_the_named_specialists_and_prices_their_wall_clock():
 
 
 def test_delegation_parsing():
-  assert math_env.delegated("I need #### checker, stepwise") == ("stepwise", "checker")
-  assert math_env.delegated("#### casework and Concise") == ("concise", "casework")
-  assert math_env.delegated("#### stepwise, wizard") is None  # an unknown name
-  assert math_env.delegated("#### ") is None and math_env.delegated("stepwise") is None
-  assert math_env.delegates("nothing") == ("stepwise",)
+  assert spawn_env.delegated("I need #### checker, stepwise") == ("stepwise", "checker")
+  assert spawn_env.delegated("#### casework and Concise") == ("concise", "casework")
+  assert spawn_env.delegated("#### stepwise, wizard") is None  # an unknown name
+  assert spawn_env.delegated("#### ") is None and spawn_env.delegated("stepwise") is None
+  assert spawn_env.delegates("nothing") == ("stepwise",)
   env = registry.make_env("math", seed=0, workflow="delegate")
   result = env.step("dispatcher", "all of them")  # no names: 'stepwise', the format penalty
   assert result.info["spawn"] == ["stepwise"] and result.rewards == {"dispatcher": -0.1}
@@ -285,10 +285,10 @@ def test_costs_of_zero_leave_the_task_reward_alone():
 
 
 def test_plurality_counts_equivalent_answers_together_and_keeps_the_first_on_a_tie():
-  assert math_env.plurality(["3", "0.5", "1/2", None, "3"]) == "3"  # 2 against 2: "3" came first
-  assert math_env.plurality(["3", "0.5", "1/2"]) == "0.5"  # "1/2" votes with "0.5"
-  assert math_env.plurality([None, "7"]) == "7"
-  assert math_env.plurality([None, None]) is None
+  assert spawn_env.plurality(["3", "0.5", "1/2", None, "3"]) == "3"  # 2 against 2: "3" came first
+  assert spawn_env.plurality(["3", "0.5", "1/2"]) == "0.5"  # "1/2" votes with "0.5"
+  assert spawn_env.plurality([None, "7"]) == "7"
+  assert spawn_env.plurality([None, None]) is None
 
 
 @pytest.mark.parametrize("workflow", ["spawn_vote", "delegate_vote"])
@@ -302,7 +302,7 @@ def test_vote_workflows_answer_with_the_workers_plurality(workflow):
   assert registry.workflow_spec("math", workflow).agents == registry.workflow_spec(
       "math", base).agents
   rng = random.Random(2)
-  names = list(math_env.SPECIALISTS)
+  names = list(spawn_env.SPECIALISTS)
   picks = [rng.randint(1, 4) for _ in range(6)]  # 3 problems x K = 2, the same in both runs
   choices = iter(())
 

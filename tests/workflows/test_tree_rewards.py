@@ -1,7 +1,7 @@
 """Tree rollouts feeding the estimators: MAGRPO's joint-action tree (returns and sibling baselines
 at every turn), AT-GRPO's per-branch team reward, the sa_grpo row, and the build refusals.
 
-Expected numbers are derived here from PAPERS.md's rules (section 1: group = (problem, turn,
+Expected numbers are derived here from docs/papers.md's rules (section 1: group = (problem, turn,
 agent), final = alpha * global + local; section 3: R = r + gamma * mean(children), baseline =
 sibling mean, gamma 0.9) and from the toy env's rules, never from the code under test.
 """
@@ -22,6 +22,7 @@ from marl_jax.algos.advantage_config import AdvantageConfig
 from marl_jax.algos.advantages import estimate
 from marl_jax.envs import base as envs_base
 from marl_jax.errors import UserInputError
+from marl_jax.parallel import layouts
 from marl_jax.traces import replay as replay_lib
 from marl_jax.traces import schema
 from marl_jax.training import config as config_lib
@@ -233,7 +234,8 @@ def test_sa_grpo_row_is_tree_sampling_with_turn_agent_groups_and_the_filter():
   built = config_lib.build(c)
   assert (c.rollout.mode, built.advantage.estimator, built.advantage.filter) == (
       "tree", "at_grpo", "lowest_mean")
-  spec = registry.workflow_spec(c.env.name, c.env.workflow, c.env.max_turns, c.policy.per_role)
+  spec = registry.workflow_spec(c.env.name, c.env.workflow, c.env.max_turns,
+                                layouts.of(c.policy).per_role)
   problems = [Problem(c.env.name, registry.problem_kwargs(c.env.name, c.env.workflow,
                                                           c.env.max_turns, seed, {}), i)
               for i, seed in enumerate(range(4))]

@@ -4,7 +4,7 @@ Problems are canonical code dicts (code/data.py): stdin/stdout tasks (APPS, Code
 LiveCodeBench) or function tasks (HumanEval, MBPP). Every program runs through `code_harness`
 (the sandbox); the env runs them itself inside `step`, one sandbox call per step.
 
-AT-GRPO ('atgrpo', PAPERS.md section 1), each turn the coder then the tester:
+AT-GRPO ('atgrpo', docs/papers.md section 1), each turn the coder then the tester:
   coder   writes the program (last ```python block). Reward: pass ratio of the ground-truth tests.
   tester  writes unit tests for the problem, seeing this turn's code: stdio tasks as
           `**Test Input:**` / `**Test Output:**` fenced pairs, function tasks as `assert`s in a

@@ -1,4 +1,4 @@
-"""MAGRPO HumanEval: agent 1 writes a helper `aux`, agent 2 the entry-point function (PAPERS.md 3).
+"""MAGRPO HumanEval, docs/papers.md section 3: agent 1 writes helper `aux`, agent 2 the entry point.
 
 The two agents act in parallel (agent 2 does not see agent 1's reply) and share one joint reward,
 max 4.0, computed level by level:

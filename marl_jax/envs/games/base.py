@@ -1,4 +1,4 @@
-"""The AT-GRPO games' shared state and its rewards (PAPERS.md section 1).
+"""The AT-GRPO games' shared state and its rewards (docs/papers.md section 1).
 
 Two layers, so that workflows can copy branches cheaply and score actions without side effects:
 
@@ -122,10 +122,6 @@ class Game(abc.ABC):
     it as `**Actions List**: [...]` (the tool agent's demonstration); None when the game has none.
     The search is real (the program holds the state, not the answer)."""
     return None
-
-  @abc.abstractmethod
-  def instance_key(self) -> str:
-    """Identity of the generated instance (not of the current state), for determinism checks."""
 
   def step(self, actions: Sequence[Any] | None) -> MoveOutcome:
     """Apply coerced moves in order until the game ends; None (parse failure) costs the format

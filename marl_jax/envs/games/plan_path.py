@@ -1,4 +1,4 @@
-"""Plan-Path: walk from start to goal on a grid with blocked cells (AT-GRPO, PAPERS.md section 1).
+"""Plan-Path (AT-GRPO, docs/papers.md section 1): from start to goal on a grid with blocked cells.
 
 Generation: exactly round(block_ratio * H * W) blocked cells drawn uniformly, start and goal two
 distinct free cells drawn uniformly; rejected and redrawn until goal is reachable (BFS). Defaults:
@@ -183,9 +183,6 @@ class PlanPath(Game):
             "                and grid[n[0]][n[1]] != '#' and n not in seen):\n"
             "            seen.add(n)\n"
             "            queue.append((n, path + [m]))\n")
-
-  def instance_key(self) -> str:
-    return f"{'/'.join(self.rows)}|{self.start}|{self.goal}"
 
 
 def generate(seed: int, *, height: int = 10, width: int = 10, block_ratio: float = 0.22,

@@ -1,4 +1,4 @@
-"""Sokoban: push every box onto a target (AT-GRPO, PAPERS.md section 1).
+"""Sokoban: push every box onto a target (AT-GRPO, docs/papers.md section 1).
 
 Generation by reverse play (the idea of Schrader's gym-sokoban / Boxoban, written afresh):
   1. topology: a random walk of `num_steps` (25) steps through the interior of an all-wall room,
@@ -151,7 +151,6 @@ class Sokoban(Game):
       raise ValueError(f"need as many boxes as targets (>= 1), got {len(self.boxes)} boxes and "
                        f"{len(self.targets)} targets")
     (self.player,) = players
-    self.initial_rows = rows
     self.max_steps = max_steps
     self.rewards = rewards
     self.format_penalty = rewards.format_penalty
@@ -205,9 +204,6 @@ class Sokoban(Game):
 
   def oracle(self) -> list[str] | None:
     return solve(self.floor, self.targets, self.boxes, self.player)
-
-  def instance_key(self) -> str:
-    return "/".join(self.initial_rows)
 
 
 def _topology(rng: random.Random, height: int, width: int, num_steps: int,

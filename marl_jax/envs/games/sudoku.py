@@ -1,4 +1,4 @@
-"""Sudoku with a unique solution (AT-GRPO, PAPERS.md section 1); 4x4 by default, 9x9 supported.
+"""Sudoku with a unique solution (AT-GRPO, docs/papers.md section 1); 4x4 by default, 9x9 supported.
 
 Generation: a random complete grid (backtracking with shuffled digits), then clues are removed in
 random order, each removal kept only while the puzzle still has exactly one solution; this stops
@@ -212,9 +212,6 @@ class Sudoku(Game):
   def oracle(self) -> list[tuple[int, int, int]]:
     n = self.size
     return [(i // n, i % n, v) for i, v in enumerate(self.solution) if self.grid[i] != v]
-
-  def instance_key(self) -> str:
-    return "".join(map(str, self.givens))
 
 
 def generate(seed: int, *, size: int = 4, max_blanks: int | None = None,

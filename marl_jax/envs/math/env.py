@@ -1,9 +1,11 @@
-"""Math environments of AT-GRPO, Dr. MAS and MARFT (PAPERS.md sections 1, 2, 4), one problem each.
+"""Math envs of AT-GRPO, Dr. MAS and MARFT (docs/papers.md sections 1, 2, 4), one problem each.
 
 All share a problem {"question", "answer"} and its grader (`grading.py`: the project's checker
 or math-verify, chosen per config as the paper's code grades); rewards are additive
 agent-keyed contributions (envs/base.py); the team reward the engine attaches when an episode ends
 is `solved` (1/0), which the estimators mix in as `alpha * team + local`.
+The orchestration teams built on these (learned stopping on the Dr. MAS loop; spawning, delegation
+and aggregation of solvers) live in `orchestration_stop.py` and `orchestration_spawn.py`.
 
 'atgrpo'  each turn a tool agent writes a Python program (the workflow runs it in the sandbox and
           passes its stdout; its answer is the last printed line), then a reasoner answers in
@@ -16,55 +18,6 @@ is `solved` (1/0), which the estimators mix in as `alpha * team + local`.
           call's local reward is -format_penalty (0.1) when its format is invalid, else 0; the
           episode reward, 1/0 on the last solver answer, is the team reward
           (Dr. MAS: every call gets the episode reward minus its own penalty: use alpha = 1).
-'learned_stop'  the Dr. MAS loop with its stop rule made a learned decision (orchestration O5,
-          PAPERS.md section 5): each round a solver answers, a verifier reviews, then a
-          coordinator replies `#### stop` (end with this answer) or `#### continue` (another
-          round); `max_loops` stays as a safety cap (the last round is the solver's alone, as in
-          'drmas'). A reply without a decision stops, with the format penalty. The coordinator's
-          decisions are judged by the episode they led to: `final_rewards` gives it
-          -round_cost x rounds (minus `premature_penalty` when it stopped on a wrong answer
-          with rounds left), credited to each of its decisions, beside the team reward.
-          With round_cost 0 and a coordinator that stops exactly when the verifier approves,
-          every reward equals the 'drmas' episode's.
-'stop_by_verifier', 'stop_at_cap'  the same team and rewards with the exit fixed, the baselines a
-          learned stopper is compared with on its own checkpoint (any layout: the team is the
-          same three agents): the loop ends when the verifier approves (the Dr. MAS rule), or
-          runs to the cap (fixed rounds). The coordinator still replies after each review it is
-          shown, but its reply is not read: the decision is always `continue`.
-'learned_stop_checked'  'learned_stop' with a program check in place of the verifier: a
-          checker writes a Python program for the problem (it runs in the sandbox), the
-          coordinator reads whether the proposed answer matches what the program printed and
-          decides `#### stop` or `#### continue`. Rewards as 'learned_stop' (the checker's local
-          reward: the format penalty when its program prints no answer). Its warm-start
-          demonstrates no stop rule: the coordinator's demonstrated decision is picked by a
-          hash of the question and the round, so RL, not the warm-start, learns when to stop.
-'stop_by_check', 'stop_at_cap_checked'  that team with the exit fixed: stop when the answer
-          matches the program's output, or run to the cap; the coordinator's reply is not read.
-'spawn'   learned spawning and aggregation (orchestration O1/O4): a dispatcher replies `#### N`
-          to spawn N of `MAX_WORKERS` (4) solvers, each answers on its own in `\\boxed{}`, then an
-          aggregator sees their answers and gives the team's final `\\boxed{}` answer (solved).
-          A dispatcher reply without a number spawns 1, with the format penalty. Rewards, each
-          configurable (0 = off): the format penalty of each call; `final_rewards` gives the
-          dispatcher -spawn_cost x N (compute) - latency_cost x the longest worker reply in
-          thousands of characters (wall-clock: the workers run side by side, so the stage lasts
-          as long as its slowest); the aggregator gets +aggregation_bonus when some worker was
-          right and its aggregate kept the right answer. The trace's aggregate event records
-          that (aggregation quality) and the parallelism speedup, the workers' total reply
-          length over the longest.
-'delegate'  'spawn' with whom to delegate to (O2): the workers are four specialists with their
-          own prompts (SPECIALISTS: stepwise, concise, checker, casework) and the dispatcher
-          names the ones it wants, `#### stepwise, checker`; a reply naming none (or an unknown
-          name) delegates to 'stepwise', with the format penalty. Rewards as 'spawn'.
-'spawn_vote', 'delegate_vote'  those teams with the aggregation fixed, the baseline a learned
-          aggregator is compared with on its own checkpoint: the team's answer is the workers'
-          plurality answer (`plurality`: answers compared with the problem's grader; a tie goes
-          to the answer given first). The aggregator still replies to what it is shown, but its reply is
-          not read (no format penalty; `aggregation_bonus` is refused).
-'spawn_checked'  'spawn' with the aggregation fixed to a verified pick, for problems that carry a
-          check (level 'equation': an equation in x the answer satisfies): the team's answer is
-          the first worker answer that passes it by substitution (`MathProblem.verifies`), else
-          the plurality; so more solvers buy accuracy as best-of-N with a verifier does, and the
-          dispatcher's count trades it against `spawn_cost`. The aggregator is unread, as above.
 'marft'   a sequential chain of profiled agents (default reasoner -> actor): each sees its profile,
           the transcript so far and the earlier agents' outputs of this step; only the last
           agent's `\\boxed{}` answer is scored (1/0 to it); "The answer is incorrect." is appended
@@ -77,10 +30,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import fractions
-import hashlib
 import re
 import zlib
-from collections.abc import Callable
 from typing import Any
 
 from marl_jax.envs.math import answers as math_answers
@@ -90,13 +41,9 @@ from marl_jax.envs.actions import extract_code
 from marl_jax.envs.base import Observation, StepResult, truncate
 
 INCORRECT = "The answer is incorrect."
-_MAX_SHOWN = 3000
+MAX_SHOWN = 3000
 _APPROVE = re.compile(r"<verify>\s*approve\s*</verify>", re.IGNORECASE)
 _REJECT = re.compile(r"<verify>\s*reject\s*</verify>", re.IGNORECASE)
-_DECISION = re.compile(r"####\s*(stop|continue)\b", re.IGNORECASE)
-_SPAWN = re.compile(r"####\s*(\d+)\b")
-_DELEGATE = re.compile(r"####([^#\n]*)")
-MAX_WORKERS = 4
 
 TOOL_SYSTEM = (
     "You are the tool agent of a two-agent math team. Write one self-contained Python program in "
@@ -109,48 +56,6 @@ SOLVER_SYSTEM = "Solve the math problem step by step and put the final answer in
 VERIFIER_SYSTEM = (
     "You verify a math solution. Check every step. End your reply with <verify>approve</verify> "
     "if the final answer is correct, or <verify>reject</verify> if it is not.")
-COORDINATOR_SYSTEM = (
-    "You coordinate a math team: a solver proposed an answer and a verifier reviewed it. Decide "
-    "whether to stop with this answer or let them try another round; every round costs time. "
-    "End your reply with `#### stop` or `#### continue`.")
-CHECKER_SYSTEM = (
-    "You check math answers with a program. Write one self-contained Python program in a "
-    "```python block that computes the answer to the problem from its numbers and prints only "
-    "the result.")
-CHECKED_COORDINATOR_SYSTEM = (
-    "You coordinate a math team: a solver proposed an answer and a checker computed the answer "
-    "with a program. Decide whether to stop with this answer or let the solver try another "
-    "round; every round costs time. First copy the check result line, then end your reply with "
-    "`#### stop` or `#### continue`.")
-DISPATCHER_SYSTEM = (
-    "You dispatch a math problem to parallel solvers. More solvers give the aggregator more "
-    "answers to compare but cost more. End your reply with `#### N`, the number of solvers "
-    f"(1 to {MAX_WORKERS}).")
-# name -> (what the dispatcher reads about it, its own system prompt); the first is the fallback.
-SPECIALISTS = {
-    "stepwise": ("writes out every step",
-                 "You are a careful solver: write out every step of the computation and put the "
-                 "final answer in \\boxed{}."),
-    "concise": ("shows only the key computation; short and fast",
-                "You are a concise solver: take the shortest route to the answer, show only the "
-                "key computation and put the final answer in \\boxed{}."),
-    "checker": ("solves, then checks the result a second way",
-                "You are a checking solver: solve the problem, then check the result by "
-                "substituting it back or computing it a second way, and put the final answer in "
-                "\\boxed{}."),
-    "casework": ("splits the problem into cases or parts",
-                 "You are a systematic solver: split the problem into cases or small parts, solve "
-                 "each, combine them and put the final answer in \\boxed{}."),
-}
-DELEGATOR_SYSTEM = (
-    "You delegate a math problem to specialist solvers who work in parallel; each one you pick "
-    "costs. The specialists: " + "; ".join(f"{name} ({about})" for name, (about, _) in
-                                           SPECIALISTS.items()) +
-    ". Pick the ones this problem needs. End your reply with `#### ` and their names, "
-    "comma-separated, for example `#### stepwise, checker`.")
-AGGREGATOR_SYSTEM = (
-    "Several solvers answered a math problem independently. Compare their answers, decide which "
-    "is right and put the team's final answer in \\boxed{}.")
 PROFILES = {
     "reasoner": "You are the reasoner: analyse the problem and lay out a step-by-step solution "
                 "plan with the key computations.",
@@ -237,70 +142,13 @@ def verdict(response: str) -> str | None:
   return "reject" if _REJECT.search(response) else None
 
 
-def decision(response: str) -> str | None:
-  """The coordinator's decision: 'stop' or 'continue' from its last `#### stop|continue`, None
-  when it names none."""
-  found = _DECISION.findall((response or "")[-2000:])
-  return found[-1].lower() if found else None
-
-
-def stops(response: str) -> bool:
-  """Loop exit of the 'learned_stop' workflow: anything but `#### continue` stops."""
-  return decision(response) != "continue"
-
-
-def spawn_count(response: str, max_workers: int = MAX_WORKERS) -> int | None:
-  """The dispatcher's `#### N` (the last one), None when absent or outside 1..max_workers."""
-  found = _SPAWN.findall((response or "")[-2000:])
-  n = int(found[-1]) if found else None
-  return n if n is not None and 1 <= n <= max_workers else None
-
-
-def spawns(response: str) -> tuple[str, ...]:
-  """Workers the 'spawn' workflow runs: the first N, N the dispatcher's (1 without a valid one)."""
-  return SpawnMathEnv.agents[1:1 + (spawn_count(response) or 1)]
-
-
-def delegated(response: str) -> tuple[str, ...] | None:
-  """The specialists the dispatcher's last `#### name, name` names (in SPECIALISTS order), None
-  when it names none or a name that is not a specialist."""
-  found = _DELEGATE.findall((response or "")[-2000:])
-  names = re.split(r"[\s,]+|\band\b", found[-1].strip().lower()) if found else []
-  names = [n for n in names if n]
-  if not names or any(n not in SPECIALISTS for n in names):
-    return None
-  return tuple(n for n in SPECIALISTS if n in names)
-
-
-def delegates(response: str) -> tuple[str, ...]:
-  """Workers the 'delegate' workflow runs: the named specialists, or the first without a valid
-  reply."""
-  return delegated(response) or tuple(SPECIALISTS)[:1]
-
-
-def plurality(answers: list[str | None],
-              same: Callable[[str, str], bool] = math_answers.is_equiv) -> str | None:
-  """The most common answer (answers equal under `same`, the problem's grader, count
-  together), the one given first on a tie; None when no answer was given."""
-  votes: list[list] = []  # [first answer of an equivalence class, count], in order of appearance
-  for answer in answers:
-    if answer is None:
-      continue
-    seen = next((v for v in votes if same(answer, v[0])), None)
-    if seen is None:
-      votes.append([answer, 1])
-    else:
-      seen[1] += 1
-  return max(votes, key=lambda v: v[1])[0] if votes else None  # max keeps the first on a tie
-
-
 def approves(response: str) -> bool:
   """Loop exit of the Dr. MAS math workflow: anything but a reject, so a reply without a verdict
   tag ends the loop (Dr. MAS's code approves it; the env still charges the format penalty)."""
   return verdict(response) != "reject"
 
 
-class _MathEnv:
+class MathEnv:
   """Shared plumbing: problem, turn counter, agent checks, cheap clones (immutable fields)."""
 
   agents: tuple[str, ...] = ()
@@ -343,7 +191,7 @@ class _MathEnv:
     return f"Problem: {self.problem.question}\nTurn {self.turn + 1} of {self.max_turns}."
 
 
-class ATGRPOMathEnv(_MathEnv):
+class ATGRPOMathEnv(MathEnv):
   agents = ("tool", "reasoner")
 
   def __init__(self, problem: MathProblem, max_turns: int = 4):
@@ -365,7 +213,7 @@ class ATGRPOMathEnv(_MathEnv):
       return Observation(agent, self.turn, TOOL_SYSTEM, task)
     return Observation(agent, self.turn, REASONER_SYSTEM,
                        f"{task}\nTool agent's program:\n```python\n"
-                       f"{truncate(self.tool_code, _MAX_SHOWN)}\n```\nIts output:\n"
+                       f"{truncate(self.tool_code, MAX_SHOWN)}\n```\nIts output:\n"
                        f"{truncate(self.tool_output, 1000)}\nParsed answer: {self.tool_answer}")
 
   def step(self, agent: str, response: str, *, tool_output: str | None = None) -> StepResult:
@@ -393,7 +241,7 @@ class ATGRPOMathEnv(_MathEnv):
                        "format_error": self.reasoner_answer is None})
 
 
-class DrMASMathEnv(_MathEnv):
+class DrMASMathEnv(MathEnv):
   agents = ("solver", "verifier")
 
   def __init__(self, problem: MathProblem, max_loops: int = 2, format_penalty: float = 0.1):
@@ -408,11 +256,11 @@ class DrMASMathEnv(_MathEnv):
     task = self._task()
     if agent == "solver":
       if self.rejected:
-        task += (f"\nYour previous solution:\n{truncate(self.solution, _MAX_SHOWN)}\nA verifier "
+        task += (f"\nYour previous solution:\n{truncate(self.solution, MAX_SHOWN)}\nA verifier "
                  f"rejected it:\n{truncate(self.rejected[-1], 1500)}\nSolve the problem again.")
       return Observation(agent, self.turn, SOLVER_SYSTEM, task)
     return Observation(agent, self.turn, VERIFIER_SYSTEM,
-                       f"{task}\nProposed solution:\n{truncate(self.solution, _MAX_SHOWN)}")
+                       f"{task}\nProposed solution:\n{truncate(self.solution, MAX_SHOWN)}")
 
   def demonstration(self, agent: str) -> str | None:
     """A correct reply of `agent` now (the supervised warm-start's target, `training/sft.py`):
@@ -460,305 +308,7 @@ class DrMASMathEnv(_MathEnv):
                                   "solved": self.solved})
 
 
-class LearnedStopMathEnv(DrMASMathEnv):
-  """The 'learned_stop' workflow (module doc): the Dr. MAS loop plus a coordinator that decides,
-  after the verifier, whether another round is worth its cost."""
-
-  agents = ("solver", "verifier", "coordinator")
-  reviewer = "verifier"  # who reviewed the solution, as the solver's next prompt names it
-
-  def __init__(self, problem: MathProblem, max_loops: int = 3, format_penalty: float = 0.1,
-               round_cost: float = 0.0, premature_penalty: float = 0.0,
-               learned: bool = True):
-    super().__init__(problem, max_loops, format_penalty)
-    self.learned = learned  # False: the coordinator's reply is not read (a fixed-exit workflow)
-    if round_cost < 0 or premature_penalty < 0:
-      raise ValueError(f"round_cost and premature_penalty must be >= 0; got {round_cost}, "
-                       f"{premature_penalty}")
-    self.round_cost = round_cost
-    self.premature_penalty = premature_penalty
-    self.review = ""  # the verifier's reply of this round
-    self.rounds = 0  # solver replies so far
-    self.premature = False
-
-  def observe(self, agent: str) -> Observation:
-    if agent == "solver" and self.rejected:
-      return Observation(agent, self.turn, SOLVER_SYSTEM,
-                         f"{self._task()}\nYour previous solution:\n"
-                         f"{truncate(self.solution, _MAX_SHOWN)}\nA {self.reviewer} reviewed it:\n"
-                         f"{truncate(self.rejected[-1], 1500)}\nThe coordinator asked for "
-                         "another round. Solve the problem again.")
-    if agent != "coordinator":
-      return super().observe(agent)
-    left = self.max_turns - self.turn - 1
-    return Observation(agent, self.turn, COORDINATOR_SYSTEM,
-                       f"{self._task()}\nProposed solution:\n{truncate(self.solution, 1500)}\n"
-                       f"Its answer: {self.answer}\nVerifier's review:\n"
-                       f"{truncate(self.review, 1500)}\nRounds left after this one: {left}.")
-
-  def demonstration(self, agent: str) -> str | None:
-    """As 'drmas' (solver, verifier); the coordinator stops exactly when the answer is right."""
-    if agent == "coordinator":
-      return f"#### {'stop' if self.final_correct else 'continue'}"
-    return super().demonstration(agent)
-
-  def step(self, agent: str, response: str, *, tool_output: str | None = None) -> StepResult:
-    if agent == "solver":
-      self.rounds += 1
-      return super().step(agent, response, tool_output=tool_output)
-    if agent == "verifier":
-      self._begin(agent)
-      review = verdict(response)
-      self.review = response
-      invalid = review is None
-      return StepResult(agent, None, {"verifier": -self.format_penalty if invalid else 0.0},
-                        False, {"verdict": review, "format_error": invalid})
-    self._begin(agent)
-    chosen = decision(response) if self.learned else self._fixed_decision()
-    invalid = chosen is None
-    if chosen == "continue":
-      self.rejected += (self.review,)
-    else:
-      self.finished = True
-      self.premature = not self.final_correct  # a round was left: the cap ends at the solver
-    self.turn += 1
-    return StepResult(agent, None, {"coordinator": -self.format_penalty if invalid else 0.0},
-                      self.done, {"decision": chosen or "stop", "format_error": invalid,
-                                  "correct": self.final_correct, "round": self.rounds,
-                                  "solved": self.solved})
-
-  def final_rewards(self) -> dict[str, float]:
-    """The coordinator's orchestration reward, settled at the end (envs/base.py)."""
-    return {"coordinator": 0.0 - self.round_cost * self.rounds
-            - self.premature_penalty * float(self.premature)}
-
-  def _fixed_decision(self) -> str:
-    """The decision of a fixed-exit workflow: 'continue' (the verifier rule exits through the
-    workflow, on the verifier's approval; the cap never stops early)."""
-    return "continue"
-
-
-class CheckedStopMathEnv(LearnedStopMathEnv):
-  """The 'learned_stop_checked' workflow and its fixed exits (module doc): the learned-stop
-  loop with a checker whose program, run in the sandbox, gives the coordinator a review it can
-  trust more than a 135M verifier's (RESULTS.md: that verifier barely tells right from wrong).
-  `exit`: 'learned' (the coordinator decides), 'check' (stop when the answer matches the
-  program's output) or 'cap' (always continue)."""
-
-  agents = ("solver", "checker", "coordinator")
-  reviewer = "checker"
-  EXITS = ("learned", "check", "cap")
-
-  def __init__(self, problem: MathProblem, max_loops: int = 3, format_penalty: float = 0.1,
-               round_cost: float = 0.0, premature_penalty: float = 0.0, exit: str = "learned"):
-    if exit not in self.EXITS:
-      raise ValueError(f"unknown exit {exit!r}; expected one of {self.EXITS}")
-    super().__init__(problem, max_loops, format_penalty, round_cost, premature_penalty,
-                     learned=exit == "learned")
-    self.exit = exit
-    self.check: str | None = None  # what the checker's program printed this round
-    self.match = False  # the proposed answer equals it
-
-  def observe(self, agent: str) -> Observation:
-    self._check_agent(agent)
-    task = self._task()
-    if agent == "checker":
-      return Observation(agent, self.turn, CHECKER_SYSTEM, task)
-    if agent == "solver":  # as 'learned_stop', naming the checker
-      return super().observe(agent)
-    left = self.max_turns - self.turn - 1
-    return Observation(agent, self.turn, CHECKED_COORDINATOR_SYSTEM,
-                       f"{task}\nProposed solution:\n{truncate(self.solution, 1500)}\n"
-                       f"Checker's review:\n{self.review}\nRounds left after this one: {left}.\n"
-                       f"{self._check_result()}", state=int(self.match))
-
-  def _check_result(self) -> str:
-    """The coordinator prompt's last line, which its reply copies before deciding."""
-    return f"Check result: {'match' if self.match else 'mismatch'}."
-
-  def demonstration(self, agent: str) -> str | None:
-    """The solver's worked solution; the checker's program (`MathProblem.program`); the
-    coordinator's reply: the check result line copied, then a decision picked by a hash of the
-    question and the round, independent of the answer, so the warm-start teaches the reply's
-    format and leaves the rule to RL. (The warm-start keeps only solved episodes, so after a
-    wrong answer it keeps only `continue`.)
-
-    Why the copy: the decision token is then read right after the check's outcome, in the
-    coordinator's own words. A 135M coordinator that had the outcome only in its prompt barely
-    told the two states apart after the warm-start (it stopped after about half the matches and
-    half the mismatches), and RL moved its decision the same way in both (RESULTS.md)."""
-    self._check_agent(agent)
-    if agent == "checker":
-      return self.problem.program()
-    if agent == "coordinator":  # SHA-256, not CRC-32: CRC is affine, so its bits for round 1
-      # and round 2 of one question would differ by a constant and one would fix the other
-      pick = hashlib.sha256(f"{self.problem.question}|{self.rounds}".encode()).digest()[0] % 2
-      return f"{self._check_result()}\n#### {('stop', 'continue')[pick]}"
-    return super().demonstration(agent)
-
-  def step(self, agent: str, response: str, *, tool_output: str | None = None) -> StepResult:
-    if agent != "checker":
-      return super().step(agent, response, tool_output=tool_output)
-    self._begin(agent)
-    if not isinstance(tool_output, str):
-      raise ValueError("the checker's step needs its program's stdout as tool_output (str); "
-                       f"got {type(tool_output).__name__}")
-    code = extract_code(response) or ""
-    self.check = math_answers.program_answer(tool_output) if code else None
-    self.match = self.check is not None and self.problem.equivalent(self.answer, self.check)
-    self.review = (f"```python\n{truncate(code.strip(), 1000)}\n```\nThe program printed: "
-                   f"{truncate(str(self.check), 200)}. The proposed answer {self.answer} "
-                   f"{'matches' if self.match else 'does not match'} it.")
-    invalid = self.check is None
-    return StepResult(agent, None, {"checker": -self.format_penalty if invalid else 0.0}, False,
-                      {"check": self.check, "match": self.match, "format_error": invalid})
-
-  def _fixed_decision(self) -> str:
-    return "stop" if self.exit == "check" and self.match else "continue"
-
-
-class SpawnMathEnv(_MathEnv):
-  """The 'spawn' workflow (module doc): dispatcher -> N parallel solvers -> aggregator, one turn."""
-
-  agents = ("dispatcher", *(f"worker_{i}" for i in range(1, MAX_WORKERS + 1)), "aggregator")
-  dispatcher_system = DISPATCHER_SYSTEM
-
-  PICKS = ("learned", "vote", "check")
-
-  def __init__(self, problem: MathProblem, format_penalty: float = 0.1, spawn_cost: float = 0.0,
-               latency_cost: float = 0.0, aggregation_bonus: float = 0.0, pick: str = "learned"):
-    super().__init__(problem, 1)
-    costs = dict(spawn_cost=spawn_cost, latency_cost=latency_cost,
-                 aggregation_bonus=aggregation_bonus)
-    if any(v < 0 for v in costs.values()):
-      raise ValueError(f"spawn_cost, latency_cost and aggregation_bonus must be >= 0; got {costs}")
-    if pick not in self.PICKS:
-      raise ValueError(f"unknown pick {pick!r}; expected one of {self.PICKS}")
-    if pick != "learned" and aggregation_bonus:
-      raise ValueError(f"aggregation_bonus={aggregation_bonus} rewards the aggregator's choice; "
-                       f"with the fixed pick {pick!r} it chooses nothing")
-    if pick == "check":
-      problem.verifies(None)  # refuses a problem without a check, or a malformed one
-    # How the team's answer is picked: 'learned' the aggregator's reply; 'vote' the workers'
-    # plurality and 'check' the first worker answer that passes the problem's check (else the
-    # plurality), the aggregator's reply unread.
-    self.pick = pick
-    self.format_penalty = format_penalty
-    self.spawn_cost, self.latency_cost = spawn_cost, latency_cost
-    self.aggregation_bonus = aggregation_bonus
-    self.spawned: tuple[str, ...] = ()
-    self.solutions: dict[str, str] = {}
-    self.answers: dict[str, str | None] = {}
-
-  def choose(self, response: str) -> tuple[str, ...] | None:
-    """The workers the dispatcher's reply picks, None when it picks none validly."""
-    n = spawn_count(response)
-    return None if n is None else self.agents[1:1 + n]
-
-  def worker_system(self, agent: str) -> str:
-    del agent
-    return SOLVER_SYSTEM
-
-  def demonstration(self, agent: str) -> str | None:
-    """A valid reply of `agent` now (the supervised warm-start's target, `training/sft.py`): the
-    workers and the aggregator the worked solution; the dispatcher a decision picked by the
-    question's CRC-32, uniform over the choices, so the warm-start teaches the protocol and
-    leaves the choice to RL (no decision is the right one before its cost is known)."""
-    self._check_agent(agent)
-    if agent != "dispatcher":
-      return self.problem.demonstration()
-    return f"#### {self.demonstrated_choice()}"
-
-  def demonstrated_choice(self) -> str:
-    """The dispatcher's demonstrated decision: N of 1..MAX_WORKERS."""
-    return str(1 + self.problem.pick(MAX_WORKERS))
-
-  def observe(self, agent: str) -> Observation:
-    self._check_agent(agent)
-    task = f"Problem: {self.problem.question}"
-    if agent == "dispatcher":
-      return Observation(agent, self.turn, self.dispatcher_system, task)
-    if agent != "aggregator":
-      return Observation(agent, self.turn, self.worker_system(agent), task)
-    shown = "\n".join(f"Solver {i} (answer {self.answers.get(w)}):\n"
-                      f"{truncate(self.solutions.get(w, ''), 1000)}"
-                      for i, w in enumerate(self.spawned, start=1))
-    return Observation(agent, self.turn, AGGREGATOR_SYSTEM, f"{task}\n{shown}")
-
-  def step(self, agent: str, response: str, *, tool_output: str | None = None) -> StepResult:
-    del tool_output
-    self._begin(agent)
-    if agent == "dispatcher":
-      chosen = self.choose(response)
-      invalid = chosen is None
-      self.spawned = chosen or self.agents[1:2]
-      return StepResult(agent, None, {agent: -self.format_penalty if invalid else 0.0}, False,
-                        {"decision": self.decision(), "spawn": list(self.spawned),
-                         "format_error": invalid})
-    if agent != "aggregator":
-      if agent not in self.spawned:
-        raise ValueError(f"{agent!r} was not spawned (spawned: {list(self.spawned)})")
-      self.solutions[agent] = response
-      self.answers[agent] = math_answers.last_boxed(response)
-      invalid = self.answers[agent] is None
-      return StepResult(agent, None, {agent: -self.format_penalty if invalid else 0.0}, False,
-                        {"answer": self.answers[agent], "format_error": invalid,
-                         "correct": self.problem.correct(self.answers[agent])})
-    if self.pick != "learned":
-      answers = [self.answers.get(w) for w in self.spawned]
-      passing = [a for a in answers if self.problem.verifies(a)] if self.pick == "check" else []
-      answer = passing[0] if passing else plurality(answers, self.problem.equivalent)
-      invalid = False
-    else:
-      answer = math_answers.last_boxed(response)
-      invalid = answer is None
-    self.final_correct = self.problem.correct(answer)
-    any_correct = any(self.problem.correct(a) for a in self.answers.values())
-    kept = any_correct and self.final_correct
-    self.finished = True
-    self.turn = 1
-    lengths = [len(self.solutions.get(w, "")) for w in self.spawned]
-    speedup = sum(lengths) / max(lengths) if max(lengths) else 1.0
-    reward = (-self.format_penalty if invalid else 0.0) + self.aggregation_bonus * kept
-    return StepResult(agent, None, {agent: reward}, True,
-                      {"answer": answer, "format_error": invalid,
-                       "aggregate": list(self.spawned), "correct": self.final_correct,
-                       "any_worker_correct": any_correct, "speedup": speedup,
-                       "solved": self.solved})
-
-  def decision(self) -> str:
-    return f"spawn {len(self.spawned)}"
-
-  def final_rewards(self) -> dict[str, float]:
-    """The dispatcher's orchestration reward, settled at the end (envs/base.py): compute (per
-    worker) and wall-clock (the longest worker reply, in thousands of characters) costs."""
-    longest = max(len(self.solutions.get(w, "")) for w in self.spawned)
-    return {"dispatcher": 0.0 - self.spawn_cost * len(self.spawned)
-            - self.latency_cost * longest / 1000}
-
-
-class DelegateMathEnv(SpawnMathEnv):
-  """The 'delegate' workflow (module doc): the dispatcher names which specialists solve."""
-
-  agents = ("dispatcher", *SPECIALISTS, "aggregator")
-  dispatcher_system = DELEGATOR_SYSTEM
-
-  def choose(self, response: str) -> tuple[str, ...] | None:
-    return delegated(response)
-
-  def worker_system(self, agent: str) -> str:
-    return SPECIALISTS[agent][1]
-
-  def demonstrated_choice(self) -> str:
-    """One of the 2^4 - 1 non-empty sets of specialists, by the question's CRC-32."""
-    mask = 1 + self.problem.pick(2 ** len(SPECIALISTS) - 1)
-    return ", ".join(name for i, name in enumerate(SPECIALISTS) if mask >> i & 1)
-
-  def decision(self) -> str:
-    return "delegate " + ",".join(self.spawned)
-
-
-class MARFTMathEnv(_MathEnv):
+class MARFTMathEnv(MathEnv):
   """Sequential profiled chain; `agents` is the role order (each role needs a PROFILES entry)."""
 
   def __init__(self, problem: MathProblem, roles: tuple[str, ...] = ("reasoner", "actor"),
@@ -775,9 +325,9 @@ class MARFTMathEnv(_MathEnv):
     self._check_agent(agent)
     lines = [self._task()]
     if self.transcript:
-      lines.append("Previous attempts:\n" + truncate("\n".join(self.transcript), _MAX_SHOWN))
+      lines.append("Previous attempts:\n" + truncate("\n".join(self.transcript), MAX_SHOWN))
     for role, text in self.current:
-      lines.append(f"Output of the {role}:\n{truncate(text, _MAX_SHOWN)}")
+      lines.append(f"Output of the {role}:\n{truncate(text, MAX_SHOWN)}")
     return Observation(agent, self.turn, PROFILES[agent], "\n".join(lines))
 
   def step(self, agent: str, response: str, *, tool_output: str | None = None) -> StepResult:
@@ -798,7 +348,7 @@ class MARFTMathEnv(_MathEnv):
                        "format_error": answer is None})
 
 
-class SingleMathEnv(_MathEnv):
+class SingleMathEnv(MathEnv):
   agents = ("solver",)
 
   def __init__(self, problem: MathProblem):

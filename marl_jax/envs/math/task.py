@@ -11,10 +11,10 @@ from marl_jax.envs.base import Task, Workflow
 from marl_jax.envs.data import file_rows
 from marl_jax.envs.math import data as math_data
 from marl_jax.envs.math import grading
-from marl_jax.envs.math.env import (ATGRPOMathEnv, CheckedStopMathEnv, DelegateMathEnv,
-                                    DrMASMathEnv, LearnedStopMathEnv, MARFTMathEnv, MathProblem,
-                                    SingleMathEnv, SpawnMathEnv, _MathEnv, approves, delegates,
-                                    spawns, stops)
+from marl_jax.envs.math.env import (ATGRPOMathEnv, DrMASMathEnv, MARFTMathEnv, MathEnv,
+                                    MathProblem, SingleMathEnv, approves)
+from marl_jax.envs.math.orchestration_spawn import DelegateMathEnv, SpawnMathEnv, delegates, spawns
+from marl_jax.envs.math.orchestration_stop import CheckedStopMathEnv, LearnedStopMathEnv, stops
 
 # 'atgrpo' tool -> reasoner (tool replies run in the sandbox), 'drmas' solver <-> verifier loop
 # exiting on approval, 'learned_stop' that loop exiting on a coordinator's learned decision (the
@@ -85,7 +85,7 @@ def make_env(*, workflow: str = "atgrpo", max_turns: int | None = None,
              format_penalty: float = 0.1, round_cost: float = 0.0,
              premature_penalty: float = 0.0, spawn_cost: float = 0.0,
              latency_cost: float = 0.0, aggregation_bonus: float = 0.0,
-             **source: Any) -> _MathEnv:
+             **source: Any) -> MathEnv:
   """Registry factory, e.g. make_env("math", problem={...}, workflow="drmas"). `max_turns` is the
   turn cap (atgrpo, default 4), loop cap (drmas, default 2; learned_stop and its fixed-exit
   variants, default 3) or step cap (marft, default 3). `round_cost` and `premature_penalty` price

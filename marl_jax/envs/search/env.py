@@ -1,4 +1,4 @@
-"""Dr. MAS search (PAPERS.md section 2): a verifier routes each step to a search or answer agent.
+"""Dr. MAS search (docs/papers.md section 2): a verifier routes each step to searching or answering.
 
 Each step the verifier ends with `<verify>yes</verify>` (the information gathered suffices: the
 answer agent acts) or `<verify>no</verify>` (the search agent acts); a reply with neither tag

@@ -1,4 +1,4 @@
-"""MAGRPO writing tasks (PAPERS.md section 3): TLDR summarisation and arXiv abstract expansion.
+"""MAGRPO writing tasks (docs/papers.md section 3): TLDR summarisation and arXiv abstract expansion.
 
 Two agents act in parallel on one document (agent 2 does not see agent 1) and both receive one
 joint, level-gated reward (max 3.0) computed from the pair of texts (c1 = agent 1, c2 = agent 2):

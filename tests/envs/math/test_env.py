@@ -18,6 +18,7 @@ import pytest
 from marl_jax.envs.math import answers as math_answers
 from marl_jax.envs.math import data as math_data
 from marl_jax.envs.math import env as math_env
+from marl_jax.envs.math import orchestration_spawn
 from marl_jax.sandbox import runner as sandbox
 from marl_jax.workflows import registry, replay
 from marl_jax.workflows import rollout as R
@@ -223,7 +224,7 @@ def test_dispatcher_demonstrations_spread_over_every_choice(workflow):
   the 15 non-empty sets of the 4 specialists, in SPECIALISTS order), so the warm-start favours
   none; the workers' and the aggregator's demonstrations then solve the problem with no
   penalty."""
-  names = list(math_env.SPECIALISTS)
+  names = list(orchestration_spawn.SPECIALISTS)
   seen = set()
   for seed in range(200):
     env = registry.make_env("math", workflow=workflow, seed=seed)

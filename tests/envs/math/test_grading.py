@@ -14,7 +14,7 @@ from math_verify import parse, verify
 
 from configs import atgrpo_games, atgrpo_math, drmas_math
 from marl_jax.envs.math import grading
-from marl_jax.training import evaluation, trainer
+from marl_jax.training import evaluation, setup
 from marl_jax.workflows import registry
 
 # (answer, gold): equal and unequal forms, including ones the two graders judge differently.
@@ -140,8 +140,8 @@ def test_unknown_grader_is_refused():
 def test_atgrpo_math_grades_with_math_verify_and_evaluation_reports_it():
   for variant in atgrpo_games.TASK_VARIANTS:
     c = atgrpo_math.get_config(f"{variant},cpu")
-    assert evaluation.answer_grader(trainer.problems(c, 0, 1, for_eval=True)[0]) == {
+    assert evaluation.answer_grader(setup.problems(c, 0, 1, for_eval=True)[0]) == {
         "grader": "math_verify"}, variant
   c = drmas_math.get_config("cpu")
-  assert evaluation.answer_grader(trainer.problems(c, 0, 1, for_eval=True)[0]) == {
+  assert evaluation.answer_grader(setup.problems(c, 0, 1, for_eval=True)[0]) == {
       "grader": "builtin"}

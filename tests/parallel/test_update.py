@@ -21,9 +21,10 @@ from marl_jax.algos.optim import OptimConfig
 from marl_jax.models import decoder
 from marl_jax.models.config import get_preset
 from marl_jax.models.lora import LoraConfig
-from marl_jax.parallel import layouts, minibatch, policies
+from marl_jax.parallel import layouts, policies, update
 from marl_jax.parallel.mesh import make_mesh
-from marl_jax.parallel.train_step import TrainConfig, make_train_step
+from marl_jax.parallel.train_config import TrainConfig, TrainSettings
+from marl_jax.parallel.train_step import make_train_step
 from host import FAST_COMPILE, cpu_devices
 
 MODEL = get_preset("tiny-llama")
@@ -96,8 +97,10 @@ def build(mesh_shape=(1, 1, 1), kind="shared", P=1, estimator="grpo", lr=1e-3, l
                                  optim=(OptimConfig(lr=lr, eps=1e-2, max_grad_norm=1e9),),
                                  **({"lora": LoraConfig(rank=4, alpha=8.0), "critic": (16,)}
                                     if kind == "lora" else {}))
+  train = {k: cfg_kw.pop(k) for k in list(cfg_kw) if k in TrainSettings.__dataclass_fields__}
   cfg = TrainConfig(policy=policy, advantage=AdvantageConfig(estimator),
-                    loss=loss or LossConfig(), space=SPACE, **cfg_kw)
+                    loss=loss or LossConfig(), space=SPACE, train=TrainSettings(**train),
+                    **cfg_kw)
   devices = cpu_devices(int(np.prod(mesh_shape)))
   return cfg, make_train_step(cfg, make_mesh(*mesh_shape, devices=devices),
                               compiler_options=FAST_COMPILE)
@@ -113,8 +116,8 @@ def host(tree):
 
 
 def test_the_batch_is_checked_once_per_rollout_not_per_update(monkeypatch):
-  """`prepare` checks the rollout batch on the host; the 2 x 2 updates cut from it do not copy
-  and check every id again."""
+  """`check` checks the rollout batch on the host once; the 2 x 2 updates cut from it do not
+  copy and check every id again."""
   cfg, fns = build(mini_batch_size=8, epochs=2)
   trainable, frozen = init_params(cfg.policy, jax.random.key(0))
   b = make_batch_at(trainable["policy"])
@@ -122,7 +125,7 @@ def test_the_batch_is_checked_once_per_rollout_not_per_update(monkeypatch):
   checked = []
   real = layouts.validate_batch
   monkeypatch.setattr(layouts, "validate_batch", lambda *a: checked.append(1) or real(*a))
-  state, out = minibatch.ppo_updates(fns, cfg, state, frozen_s, batch, np.random.default_rng(0))
+  state, out = update.run(fns, cfg, state, frozen_s, batch, np.random.default_rng(0))
   assert out["updates"] == 4 and len(checked) == 1
 
 
@@ -137,7 +140,7 @@ def test_per_agent_means_count_only_updates_in_which_the_agent_acted():
            "agent/policy": np.array([4.0, -6.0, 0.0])},
           {"loss": 5.0, "agent/samples": np.array([0.0, 0.0, 0.0]),
            "agent/policy": np.array([0.0, 0.0, 0.0])}]
-  out = minibatch.mean_metrics(host)
+  out = update.mean_metrics(host)
   assert out["loss"] == 3.0
   np.testing.assert_array_equal(out["agent/samples"], [2.0, 1.0, 0.0])
   np.testing.assert_array_equal(out["agent/policy"], [3.0, -6.0, 0.0])
@@ -145,7 +148,7 @@ def test_per_agent_means_count_only_updates_in_which_the_agent_acted():
 
 def test_plan_covers_every_kept_row_once_per_epoch():
   kept = [np.array([1, 1, 0, 1, 1, 1, 0, 1], bool), np.array([1, 0, 0, 0, 1, 0, 0, 0], bool)]
-  mbs = minibatch.plan(kept, 4, np.random.default_rng(0))
+  mbs = update.plan(kept, 4, np.random.default_rng(0))
   assert len(mbs) == 2  # block 0 has 6 kept rows: ceil(6 / 4)
   for b, k in enumerate(kept):
     rows = np.concatenate([idx[b][valid[b]] for idx, valid in mbs])
@@ -159,12 +162,12 @@ def test_plan_trims_mini_batches_to_the_kept_rows():
   pieces; the same rows either way."""
   kept = [np.array([1, 0, 1, 1, 0, 0, 0, 0], bool), np.array([0, 1, 0, 0, 0, 0, 0, 0], bool)]
   for multiple, rows in ((1, 4), (2, 4), (8, 8)):
-    (idx, valid), = minibatch.plan(kept, 16, np.random.default_rng(0), multiple)
+    (idx, valid), = update.plan(kept, 16, np.random.default_rng(0), multiple)
     assert [len(i) for i in idx] == [rows, rows] and [v.sum() for v in valid] == [3, 1]
     np.testing.assert_array_equal(np.sort(idx[0][valid[0]]), [0, 2, 3])
   five = [np.arange(10) < 5]
-  assert [len(i[0]) for i, _ in minibatch.plan(five, 16, np.random.default_rng(0))] == [8]
-  assert [len(i[0]) for i, _ in minibatch.plan(five, 4, np.random.default_rng(0))] == [4, 4]
+  assert [len(i[0]) for i, _ in update.plan(five, 16, np.random.default_rng(0))] == [8]
+  assert [len(i[0]) for i, _ in update.plan(five, 4, np.random.default_rng(0))] == [4, 4]
 
 
 def test_one_update_over_fewer_kept_samples_than_the_mini_batch():
@@ -180,8 +183,8 @@ def test_one_update_over_fewer_kept_samples_than_the_mini_batch():
     rows.append(mb.prompt.shape[0])
     return fns.step(state, frozen, mb, mt)
 
-  _, out = minibatch.ppo_updates(fns._replace(step=step), cfg, state, frozen_s, batch,
-                                 np.random.default_rng(0))
+  _, out = update.run(fns._replace(step=step), cfg, state, frozen_s, batch,
+                      np.random.default_rng(0))
   assert rows == [N] and out["updates"] == 1
   loss, ratio, _ = ppo_terms(ref_logp(trainable["policy"], b), b.old_logp, grpo_advantages(b),
                              b.samples.token_mask)
@@ -192,22 +195,22 @@ def test_one_update_over_fewer_kept_samples_than_the_mini_batch():
 def test_two_mini_batches_two_epochs_ppo_against_numpy():
   """2 mini-batches x 2 epochs, shuffled: advantages of the whole rollout, old log-probs of the
   rollout; from the second update on the ratio is not 1 and each update's loss, ratio and clip
-  fraction match NumPy on that update's own log-probs. `ppo_updates` runs the same updates."""
+  fraction match NumPy on that update's own log-probs. `update.run` runs the same updates."""
   cfg, fns = build(mini_batch_size=8, epochs=2, lr=0.05)
   trainable, frozen = init_params(cfg.policy, jax.random.key(0))
   b = make_batch_at(trainable["policy"])
   adv = grpo_advantages(b)
   state, frozen_s, batch = start(fns, trainable, frozen, b)
-  full, targets, adv_metrics = fns.prepare(state.params, frozen_s, batch)
+  full, targets, adv_metrics = fns.prepare(batch)
   kept = [np.asarray(targets.sample_mask)]
   rng = np.random.default_rng(7)
   seen, ratios, losses = [], [], []
   for epoch in range(2):
-    for idx, valid in minibatch.plan(kept, 8, rng):
+    for idx, valid in update.plan(kept, 8, rng):
       rows = idx[0][valid[0]]
       seen.append(rows)
       params = host(state.params["policy"])
-      mb, mt = fns.shard_batch(minibatch.select_rows(cfg, full, targets, idx, valid))
+      mb, mt = fns.shard_batch(update.select_rows(cfg, full, targets, idx, valid))
       state, m = fns.step(state, frozen_s, mb, mt)
       sub = jax.tree.map(lambda x: np.asarray(x)[rows], b)
       loss, ratio, clip_frac = ppo_terms(ref_logp(params, sub), sub.old_logp, adv[rows],
@@ -225,8 +228,8 @@ def test_two_mini_batches_two_epochs_ppo_against_numpy():
   assert abs(ratios[1] - 1.0) > 1e-3
   # The driver: same updates from the same shuffle seed -> same params, mean metrics.
   state2, _, _ = start(fns, trainable, frozen, b)
-  state2, out = minibatch.ppo_updates(fns, cfg, state2, frozen_s, fns.shard_batch(b),
-                                      np.random.default_rng(7))
+  state2, out = update.run(fns, cfg, state2, frozen_s, fns.shard_batch(b),
+                           np.random.default_rng(7))
   assert out["updates"] == 4 and out["policy_skipped"] == 0
   np.testing.assert_allclose(out["loss"], np.mean(losses), rtol=1e-5)
   np.testing.assert_allclose(out["ratio"], np.mean(ratios), rtol=1e-5)
@@ -244,13 +247,13 @@ def test_target_kl_skips_policy_but_trains_critic():
   trainable, frozen = init_params(cfg.policy, jax.random.key(0))
   b = make_batch_at(frozen["base"], policy_of_agent=(0, 1))  # adapters start at B = 0: base
   state, frozen_s, batch = start(fns, trainable, frozen, b)
-  full, targets, _ = fns.prepare(state.params, frozen_s, batch)
+  full, targets, _ = fns.prepare(batch)
   kls, skipped = [], 0
   for _ in range(2):
-    for idx, valid in minibatch.plan([np.asarray(targets.sample_mask)], 8,
-                                     np.random.default_rng(1)):
+    for idx, valid in update.plan([np.asarray(targets.sample_mask)], 8,
+                                  np.random.default_rng(1)):
       before = host(state.params)
-      mb, mt = fns.shard_batch(minibatch.select_rows(cfg, full, targets, idx, valid))
+      mb, mt = fns.shard_batch(update.select_rows(cfg, full, targets, idx, valid))
       state, m = fns.step(state, frozen_s, mb, mt)
       after = host(state.params)
       kls.append(float(m["approx_kl"]))
@@ -277,7 +280,8 @@ def test_recompute_old_logp_and_tis_weight(temperature):
   trainable, frozen = init_params(cfg.policy, jax.random.key(0))
   b = make_batch_at(trainable["policy"], noise=0.3)  # the sampler differs from the learner
   state, frozen_s, batch = start(fns, trainable, frozen, b)
-  full, targets, _ = fns.prepare(state.params, frozen_s, batch)
+  full, targets, _ = fns.prepare(batch)
+  full, targets = fns.recompute(state.params, frozen_s, full, targets)
   mask = b.samples.token_mask
   learner = ref_logp(trainable["policy"], b, temperature)
   np.testing.assert_allclose(np.asarray(full.old_logp), np.where(mask, learner, 0.0),
@@ -304,7 +308,7 @@ def test_loss_uses_learner_temperature(temperature):
   tm[::K] = False
   b = b.replace(samples=b.samples.replace(token_mask=tm))
   state, frozen_s, batch = start(fns, trainable, frozen, b)
-  _, m = fns.step(state, frozen_s, batch)
+  _, m = update.run(fns, cfg, state, frozen_s, batch, np.random.default_rng(0))
   logp, mask = ref_logp(trainable["policy"], b, temperature), b.samples.token_mask
   want = (-logp * grpo_advantages(b)[:, None])[mask].mean()
   np.testing.assert_allclose(m["loss"], want, rtol=1e-4)
@@ -317,11 +321,11 @@ def test_loss_uses_learner_temperature(temperature):
 def test_refusals():
   with pytest.raises(ValueError, match="'reinforce' is on-policy"):
     build(loss=LossConfig(policy_loss="reinforce"), epochs=2)
-  with pytest.raises(ValueError, match="tis_cap=2.0 needs recompute_old_logp"):
+  with pytest.raises(ValueError, match="tis_cap=2.0 needs a value > 0 and recompute_old_logp"):
     build(tis_cap=2.0)
   with pytest.raises(ValueError, match="mini_batch_size=4 does not split into .* = 8"):
     build(mesh_shape=(8, 1, 1), mini_batch_size=4)
-  with pytest.raises(ValueError, match="epochs must be >= 1"):
+  with pytest.raises(ValueError, match="epochs=0; expected an integer >= 1"):
     build(epochs=0)
 
 
@@ -342,7 +346,7 @@ def test_per_policy_blocks_select_and_update(kind):
                                  num_policies=2, names=names,
                                  optim=(OptimConfig(lr=0.05, eps=1e-2),))
   cfg = TrainConfig(policy=policy, advantage=AdvantageConfig("grpo"), loss=LossConfig(),
-                    space=SPACE, mini_batch_size=4, epochs=1)
+                    space=SPACE, train=TrainSettings(mini_batch_size=4, epochs=1))
   fns = make_train_step(cfg, make_mesh(2, 1, 1, devices=cpu_devices(2)),
                         compiler_options=FAST_COMPILE)
   one = jax.jit(decoder.init_params, static_argnums=0)(MODEL, jax.random.key(0))
@@ -353,19 +357,18 @@ def test_per_policy_blocks_select_and_update(kind):
   blocks = [jax.tree.map(lambda x, a=a: np.asarray(x)[agent == a], flat) for a in range(A)]
   batch = dict(zip(names, blocks)) if names else jax.tree.map(lambda *x: np.stack(x), *blocks)
   state, frozen_s, sharded = start(fns, trainable, frozen, batch)
-  full, targets, _ = fns.prepare(state.params, frozen_s, sharded)
+  full, targets, _ = fns.prepare(sharded)
   kept = [np.ones(N // A, bool)] * A
-  (idx, valid), *rest = minibatch.plan(kept, 4, np.random.default_rng(0))
+  (idx, valid), *rest = update.plan(kept, 4, np.random.default_rng(0))
   assert len(rest) == 1 and all(v.all() for v in valid)
-  mb, mt = minibatch.select_rows(cfg, full, targets, idx, valid)
+  mb, mt = update.select_rows(cfg, full, targets, idx, valid)
   got = [mb[k] for k in names] if names else [jax.tree.map(lambda x, p=p: x[p], mb)
                                               for p in range(A)]
   for p in range(A):
     np.testing.assert_array_equal(np.asarray(got[p].response), blocks[p].response[idx[p]])
     np.testing.assert_array_equal(np.asarray(got[p].samples.rewards),
                                   blocks[p].samples.rewards[idx[p]])
-  state, out = minibatch.ppo_updates(fns, cfg, state, frozen_s, sharded,
-                                     np.random.default_rng(0))
+  state, out = update.run(fns, cfg, state, frozen_s, sharded, np.random.default_rng(0))
   assert out["updates"] == 2 and np.isfinite(out["loss"]) and abs(out["ratio"] - 1.0) > 1e-4
 
 
@@ -375,14 +378,14 @@ def test_plan_gives_unequal_blocks_their_own_rows():
   one mini-batch of every kept row in order."""
   kept = [np.arange(16) % 3 == 0, np.zeros(16, bool), np.arange(16) < 3]  # 6, 0, 3 kept
   for multiple, rows in ((1, [8, 1, 4]), (2, [8, 2, 4]), (8, [8, 8, 8])):
-    (idx, valid), = minibatch.plan(kept, None, None, multiple, equal_blocks=False)
+    (idx, valid), = update.plan(kept, None, None, multiple, equal_blocks=False)
     assert [len(i) for i in idx] == rows and [v.sum() for v in valid] == [6, 0, 3]
     for i, v, k in zip(idx, valid, kept):
       np.testing.assert_array_equal(i[v], np.flatnonzero(k))  # in order
-  (idx, valid), = minibatch.plan(kept, None, None, 1)  # stacked blocks: the fullest's rows,
+  (idx, valid), = update.plan(kept, None, None, 1)  # stacked blocks: the fullest's rows,
   assert [None if i is None else len(i) for i in idx] == [8, None, 8]  # the empty one left out
   assert valid[1] is None and [v.sum() for v in valid[::2]] == [6, 3]
-  mbs = minibatch.plan(kept, 4, np.random.default_rng(0), 1, equal_blocks=False)
+  mbs = update.plan(kept, 4, np.random.default_rng(0), 1, equal_blocks=False)
   assert len(mbs) == 2 and [len(i) for i in mbs[0][0]] == [4, 1, 4]
 
 
@@ -402,7 +405,8 @@ def test_updates_leave_out_the_rows_of_agents_rl_does_not_train(kind, recompute)
                                  optim=(OptimConfig(lr=1e-3, eps=1e-2, max_grad_norm=1e9),))
   cfg = TrainConfig(policy=policy, advantage=AdvantageConfig("grpo"), loss=LossConfig(),
                     space=SPACE, agent_policies=(0, 0) if P == 1 else None,
-                    recompute_old_logp=recompute, tis_cap=1.2 if recompute else None)
+                    train=TrainSettings(recompute_old_logp=recompute,
+                                        tis_cap=1.2 if recompute else None))
   fns = make_train_step(cfg, make_mesh(2, 1, 1, devices=cpu_devices(2)),
                         compiler_options=FAST_COMPILE)
   one = jax.jit(decoder.init_params, static_argnums=0)(MODEL, jax.random.key(0))
@@ -428,11 +432,14 @@ def test_updates_leave_out_the_rows_of_agents_rl_does_not_train(kind, recompute)
   for path in ("plain", "rows"):
     state, frozen_s, sharded = start(fns, trainable, frozen, batch)
     before = host(state.params)
-    if path == "plain":
-      state, out = fns.step(state, frozen_s, *fns.prepare(state.params, frozen_s, sharded)[:2])
+    if path == "plain":  # one step on the whole masked batch
+      full, targets, _ = fns.prepare(sharded)
+      if recompute:
+        full, targets = fns.recompute(state.params, frozen_s, full, targets)
+      state, out = fns.step(state, frozen_s, full, targets)
     else:
-      state, out = minibatch.ppo_updates(fns._replace(step=step), cfg, state, frozen_s, sharded,
-                                         np.random.default_rng(0))
+      state, out = update.run(fns._replace(step=step), cfg, state, frozen_s, sharded,
+                              np.random.default_rng(0))
     outs[path] = (host(out), jax.tree.map(np.subtract, host(state.params), before))
   # A change is resolved to the ulp of the float32 param it moves: allow 4 of them.
   ulps = [4 * np.spacing(np.abs(x).max()) for x in jax.tree.leaves(before)]

@@ -1,19 +1,24 @@
-"""PPO mini-batches and epochs over one rollout, and updates on the trained rows only: the host
-loop around the jitted step.
+"""The one update path: every update of one rollout, the host loop around the learner's jitted
+functions (`parallel/train_step.py`).
 
-    state, metrics = ppo_updates(fns, cfg, state, frozen, batch, rng)
+    state, metrics = run(fns, cfg, state, frozen, batch, rng, reference)
 
-`fns.prepare` fixes the rollout's targets over the whole batch first (advantages, returns and the
-group filter's kept samples: groups span mini-batches). The rows an update trains on are then
-those kept with a token in the loss (`trained_rows`): a sample of an agent RL leaves out
-(`config.train.agents`) still counts in its group's statistics, but no update computes it, and
-the learner's old log-probs and truncated IS weights, when configured, are computed for these
-rows alone (`fns.recompute`), and so are the KL reference's (`fns.ref_logp`). Each of
-`cfg.epochs` epochs shuffles those rows of every policy block and cuts them into mini-batches of
-`cfg.mini_batch_size` rows (None: all of them in one update, in order); each mini-batch is one
-call of the step, whose loss pairs are exact over that mini-batch (its own denominators, split
-over devices and micro-batches). The old log-probs stay those of the rollout, so from the second
-update on the PPO ratio moves away from 1 and the clip, dual clip and MARFT's `target_kl` act.
+Every config takes it, in this order (after `fns.check`, the batch's host-side checks):
+  1. `fns.old_values`: a critic's values of the rollout's states (MARFT; GAE needs them);
+  2. `fns.prepare`: the rollout's targets over the whole batch (advantages, returns and the group
+     filter's kept samples: groups span mini-batches);
+  3. the rows the updates train on (`trained_rows`): those kept with a token in the loss. A
+     sample of an agent RL leaves out (`config.train.agents`) still counts in its group's
+     statistics, but no update computes it;
+  4. `fns.ref_logp` and `fns.recompute`, when configured: the KL reference's log-probs, and the
+     learner's old log-probs and truncated IS weights, of those rows alone;
+  5. `train.epochs` epochs, each shuffling those rows of every policy block and cutting them into
+     mini-batches of `train.mini_batch_size` rows (None: all of them in one update, in order),
+     one `fns.step` each, whose loss pairs are exact over that mini-batch (its own denominators,
+     split over devices and micro-batches). A single full-batch update (MAGRPO, the warm-start)
+     is one epoch of one mini-batch. The old log-probs stay those of the rollout, so from the
+     second update on the PPO ratio moves away from 1 and the clip, dual clip and MARFT's
+     `target_kl` act.
 
 A stacked team's blocks share one row count, so a block with fewer such rows than the others
 fills its share of the last mini-batches with masked rows, and a block with none is left out
@@ -39,30 +44,10 @@ from jax.experimental import multihost_utils
 from marl_jax.algos.batch import round_rows
 from marl_jax.parallel import layouts
 from marl_jax.parallel.gradients import RolloutTargets
-from marl_jax.parallel.train_step import TrainConfig, TrainFns, TrainState
+from marl_jax.parallel.train_config import TrainConfig, TrainState
+from marl_jax.parallel.train_step import TrainFns
 
-__all__ = ["mean_metrics", "plan", "ppo_updates", "select_rows", "trained_rows"]
-
-
-def _blocks(cfg: TrainConfig, tree: Any) -> list[Any]:
-  """A tree in batch layout -> one tree per policy block (flat layouts: one block)."""
-  layout = layouts.of(cfg.policy)
-  if layout.per_policy_models:
-    return [tree[k] for k in cfg.policy.names]
-  if layout.sample_axis == 1:  # num_policies blocks, or fewer (`TrainBatch.policies`)
-    return [jax.tree.map(lambda x, p=p: x[p], tree)
-            for p in range(np.shape(jax.tree.leaves(tree)[0])[0])]
-  return [tree]
-
-
-def _join(cfg: TrainConfig, parts: list[Any]) -> Any:
-  """Inverse of `_blocks`."""
-  layout = layouts.of(cfg.policy)
-  if layout.per_policy_models:
-    return dict(zip(cfg.policy.names, parts))
-  if layout.sample_axis == 1:
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *parts)
-  return parts[0]
+__all__ = ["mean_metrics", "plan", "run", "select_rows", "trained_rows"]
 
 
 def plan(kept: list[np.ndarray], size: int | None, rng: np.random.Generator, multiple: int = 1,
@@ -115,10 +100,13 @@ def select_rows(cfg: TrainConfig, batch: Any, targets: Any, idx: list[Any],
   """(batch, targets) of one mini-batch: rows `idx` of each block, slots not `valid` masked.
   `targets`: `RolloutTargets` in the batch's layout, as `TrainFns.prepare` returns them. A block
   whose `idx` is None (stacked) is left out, and the batch names the policies it holds."""
+  layout = layouts.of(cfg.policy)
   held = [p for p, i in enumerate(idx) if i is not None]
-  blocks = list(zip(_blocks(cfg, batch), _blocks(cfg, targets), idx, valid))
+  blocks = list(zip(layout.split(cfg.policy, batch), layout.split(cfg.policy, targets), idx,
+                    valid))
   parts = [_select_block(*blocks[p]) for p in held]
-  mb, mt = _join(cfg, [p[0] for p in parts]), _join(cfg, [p[1] for p in parts])
+  mb = layout.join(cfg.policy, [p[0] for p in parts])
+  mt = layout.join(cfg.policy, [p[1] for p in parts])
   if len(held) < len(idx):
     ids = range(len(idx)) if batch.policies is None else batch.policies
     mb = mb.replace(policies=tuple(ids[p] for p in held))
@@ -162,20 +150,23 @@ def trained_rows(cfg: TrainConfig, batch: Any, targets: Any) -> list[np.ndarray]
   leaves out, `trainer.trained_samples`) add nothing to any loss term or denominator
   (`losses.aggregate` counts tokens, or responses with a token), so leaving them out of the
   updates changes no gradient, only the work."""
+  layout = layouts.of(cfg.policy)
   return [_host(t.sample_mask & jnp.any(b.samples.token_mask, axis=-1))  # one copy per block
-          for b, t in zip(_blocks(cfg, batch), _blocks(cfg, targets))]
+          for b, t in zip(layout.split(cfg.policy, batch), layout.split(cfg.policy, targets))]
 
 
-def ppo_updates(fns: TrainFns, cfg: TrainConfig, state: TrainState, frozen: Any, batch: Any,
-                rng: np.random.Generator, reference: Any = None
-                ) -> tuple[TrainState, dict[str, Any]]:
+def run(fns: TrainFns, cfg: TrainConfig, state: TrainState, frozen: Any, batch: Any,
+        rng: np.random.Generator, reference: Any = None) -> tuple[TrainState, dict[str, Any]]:
   """Every update of one rollout (module docstring). `reference`: the KL reference
   (`fns.reference_params`; None with LoRA), whose log-probs are filled for the trained rows only,
   when `fns.ref_logp` is set. Returns the new state and the metrics:
   each step metric's mean over the updates (`agent/samples`: the rows they trained on), the
   advantage metrics of the whole rollout, `updates` and `policy_skipped` (updates whose policy
   step target_kl or the guard skipped)."""
-  batch, targets, adv_metrics = fns.prepare(state.params, frozen, batch, recompute=False)
+  fns.check(batch)
+  if fns.old_values is not None:  # MARFT: GAE needs the critic's values of these states
+    batch = fns.old_values(state.params, frozen, batch)
+  batch, targets, adv_metrics = fns.prepare(batch)
   kept = trained_rows(cfg, batch, targets)
   equal = not layouts.of(cfg.policy).per_policy_models
   (idx, valid), = plan(kept, None, rng, fns.shards, equal)
@@ -187,13 +178,12 @@ def ppo_updates(fns: TrainFns, cfg: TrainConfig, state: TrainState, frozen: Any,
   if fns.recompute is not None:  # the learner's old log-probs of the rows it trains on
     batch, targets = fns.recompute(state.params, frozen, batch, targets)
   history = []
-  for _ in range(cfg.epochs):
-    if cfg.mini_batch_size is None:
-      state, metrics = fns.step(state, frozen, batch, targets)
-      history.append(metrics)
-      continue
-    for idx, valid in plan(kept, cfg.mini_batch_size, rng, fns.shards, equal):
-      mb, mt = fns.shard_batch(_select_rows_jit(cfg, batch, targets, idx, valid))
+  for _ in range(cfg.train.epochs):
+    for idx, valid in plan(kept, cfg.train.mini_batch_size, rng, fns.shards, equal):
+      if cfg.train.mini_batch_size is None:  # the rows above, in order: no selection to make
+        mb, mt = batch, targets
+      else:
+        mb, mt = fns.shard_batch(_select_rows_jit(cfg, batch, targets, idx, valid))
       state, metrics = fns.step(state, frozen, mb, mt)
       history.append(metrics)
   host = jax.device_get(history)
