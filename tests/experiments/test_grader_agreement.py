@@ -33,9 +33,9 @@ def test_renderings_of_a_whole_number():
 
 def test_compare_counts_and_examples():
   pairs = [("exact", "5", "5", True), ("approx", "\\approx 5", "5", True),
-           ("sentence", "\\text{the answer is } 5", "5", True), ("wrong", "6", "5", False)]
+           ("unit", "5 \\text{ cm}", "5", True), ("wrong", "6", "5", False)]
   # A stand-in for math-verify that accepts only identical strings: builtin alone accepts the
-  # sentence, neither accepts \approx or the wrong value.
+  # trailing unit, neither accepts \approx or the wrong value.
   report = ga.compare(iter(pairs), lambda pred, gold: pred == gold, examples=1)
   assert {k: report[k] for k in ("pairs", "both_true", "both_false", "builtin_only",
                                  "math_verify_only")} == {
@@ -43,7 +43,7 @@ def test_compare_counts_and_examples():
   assert report["by_kind"]["approx"] == {"pairs": 1, "builtin_wrong": 1,
                                          "math_verify_wrong": 1, "disagree": 0}
   assert report["examples"]["builtin_only"] == [
-      {"kind": "sentence", "answer": "\\text{the answer is } 5", "gold": "5", "intended": True}]
+      {"kind": "unit", "answer": "5 \\text{ cm}", "gold": "5", "intended": True}]
 
 
 def test_small_run_reports_both_sets():
