@@ -198,11 +198,12 @@ class Run:
     self.train_policy = LLMPolicy(self.policy, self.tokenizers,
                                   setup.sampling_params(c, c.sampling.temperature,
                                                         c.sampling.top_p),
-                                  self.run_key)
+                                  self.run_key, setup.agent_sampling_params(c, self.spec.agents))
     eval_top_p = c.sampling.top_p if c.eval.top_p is None else c.eval.top_p
     self.eval_policy = LLMPolicy(self.policy, self.tokenizers,
                                  setup.sampling_params(c, c.eval.temperature, eval_top_p),
-                                 self.run_key)
+                                 self.run_key,
+                                 setup.agent_sampling_params(c, self.spec.agents, for_eval=True))
     self.checkpointer = Checkpointer.from_config(c.checkpoint, workdir, read_only=not trains,
                                                  identity=run_identity.identity(c))
     self.sft_shape = self.sft_cfg = self.sft_fns = None
