@@ -95,9 +95,12 @@ def values(c: ml_collections.ConfigDict) -> None:
     value = _field(c, field)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ValueError(f"config.{field}={value!r}; expected an integer >= 1")
-  refills = c.rollout.max_refills
-  if not isinstance(refills, int) or isinstance(refills, bool) or refills < 0:
-    raise ValueError(f"config.rollout.max_refills={refills!r}; expected an integer >= 0")
+  for field, low in (("rollout.max_refills", 0), ("logging.samples_every", 0),
+                     ("logging.samples_episodes", 1)):
+    value = _field(c, field)
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+      raise ValueError(f"config.{field}={value!r}; expected an integer >= {low}"
+                       + (" (0: never)" if field == "logging.samples_every" else ""))
   kl_coef = c.loss.kl_coef
   if not _number(kl_coef) or not 0 <= kl_coef < math.inf:
     raise ValueError(f"config.loss.kl_coef={kl_coef!r}; expected a finite number >= 0 (0: no KL "

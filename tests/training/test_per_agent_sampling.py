@@ -13,7 +13,6 @@ import subprocess
 import sys
 
 import jax
-import numpy as np
 import pytest
 
 import entry_points
