@@ -15,14 +15,15 @@ of `policies.param_specs`, so nothing of the model's size is allocated; each pro
               each turn: an upper bound): the whole rollout, or with `train.mini_batch_size` one
               mini-batch per policy block, its FLOPs times the updates of all epochs. Prompts of
               `--prompt_tokens` (shared as the rollout shares them), responses of
-              `sampling.max_new_tokens`, bucketed as the trainer buckets them. The
+              `sampling.max_new_tokens` (each agent's `sampling.per_agent` budget where set),
+              bucketed as the trainer buckets them. The
               once-per-rollout forwards (recomputed old log-probs, KL reference, critic values)
               are not counted, the KL reference's params are.
   prefill     the sampler's prefill of the largest `generate` call's distinct prompts (the first
               policy's model, for a mapped team of several architectures).
   decode      the sampler's own `generate_tokens` program for that call (prefill, then the
               decode loops over blocks of growing cache spans) for memory; FLOPs: one decode step
-              over the largest span x `max_new_tokens`. Both sampler programs run on the FSDP-
+              over the largest span x the largest budget. Both sampler programs run on the FSDP-
               sharded params with unplaced prompts, as the sampler does; their FLOPs per device
               are the call's total (`flops_total`) over the device count, the best spread.
 
@@ -239,7 +240,7 @@ def rollout_samples(c: ml_collections.ConfigDict, built: config_lib.Built, promp
   are shared as the rollout shares them (train.share_prompts counts them): the K replies of a
   tree node or of a MAGRPO node's joint actions, and the K trajectories' first turn."""
   spec, k, turns = built.spec, c.rollout.k, built.spec.max_turns
-  new = c.sampling.max_new_tokens
+  budget = {a: config_lib.agent_sampling(c, a, "max_new_tokens") for a in spec.agents}
   trajs, _ = batch_lib.id_layout(c.rollout.mode, k, turns)
   per_turn = {"tree": lambda t: k, "independent": lambda t: k,
               "magrpo_tree": lambda t: k ** (t + 1)}[c.rollout.mode]
@@ -251,6 +252,7 @@ def rollout_samples(c: ml_collections.ConfigDict, built: config_lib.Built, promp
       for j in range(per_turn(turn)):
         for a, agent in enumerate(spec.agents):
           first = prompt_ids.setdefault((problem, turn, shared(turn, j), a), len(prompt_ids))
+          new = budget[agent]  # the agent's own (`sampling.per_agent`)
           gen = _Generation([first] + [0] * (prompt_tokens - 1), [0] * new, [0.0] * new)
           out.append(_Sample(problem, problem * trajs + j % trajs, turn, a,
                              spec.policy_id(agent), gen))
@@ -266,7 +268,7 @@ def sampler_call(c: ml_collections.ConfigDict, turns: int, prompt_tokens: int,
                         "magrpo_tree": (n * k ** (turns - 1), k)}[c.rollout.mode]
   return (*prompt_layout([per_prompt] * unique, buckets.row_multiple),
           round_up(prompt_tokens, buckets.prompt_block),
-          round_up(c.sampling.max_new_tokens, buckets.new_token_multiple))
+          round_up(setup_lib.largest_budget(c), buckets.new_token_multiple))
 
 
 def _abstract(tree: Any, mesh: jax.sharding.Mesh, specs: Any) -> Any:
@@ -486,7 +488,7 @@ def sampler_programs(c: ml_collections.ConfigDict, config: ModelConfig, mesh: ja
   decode = analyse(generate, params, prompt, mask, ints(unique, per_prompt), key, knobs,
                    ints(sampler.buckets.min_stop_ids), ints())
   cache = jax.eval_shape(lambda: decoder.init_cache(config, rows, width + slots))
-  decode["flops"] = c.sampling.max_new_tokens * matmul_flops(
+  decode["flops"] = setup_lib.largest_budget(c) * matmul_flops(
       jax.jit(decode_step).trace(params, ints(rows, 1), ints(rows, 1), cache).jaxpr)
   decode["xla_flops"] = None  # loops: XLA counts each body once
   out = {"prefill": analyse(prefill, params, prompt, mask), "decode": decode}
@@ -496,7 +498,7 @@ def sampler_programs(c: ml_collections.ConfigDict, config: ModelConfig, mesh: ja
     p["flops_total"] = p["flops"]
     p["flops"] = p["flops"] // mesh.size
   out["prefill"]["shape"] = dict(prompts=unique, width=width)
-  out["decode"]["shape"] = dict(rows=rows, cache=width + slots, steps=c.sampling.max_new_tokens)
+  out["decode"]["shape"] = dict(rows=rows, cache=width + slots, steps=setup_lib.largest_budget(c))
   return out
 
 

@@ -104,9 +104,13 @@ def _shared_prompt_hidden(params, config, prompt, prompt_mask, response, num_pro
 
 
 def token_logprobs_from_hidden(params: Params, config: ModelConfig, hidden: jax.Array,
-                               response: jax.Array, temperature: float, with_entropy: bool,
-                               chunk: int | None = None) -> tuple[jax.Array, jax.Array | None]:
+                               response: jax.Array, temperature: float | jax.Array,
+                               with_entropy: bool, chunk: int | None = None
+                               ) -> tuple[jax.Array, jax.Array | None]:
   """log_softmax(logits / temperature) at the response tokens [n, R], and the entropies.
+
+  `temperature`: one number, or one per row [n] (a team whose agents sample at their own
+  temperatures divides each row's logits by its agent's).
 
   `chunk`: response positions per LM-head slice. The [n, R, V] fp32 logits are then never whole:
   a scan computes one [n, chunk, V] slice at a time and the backward pass recomputes each slice
@@ -129,8 +133,11 @@ def token_logprobs_from_hidden(params: Params, config: ModelConfig, hidden: jax.
 
 
 def _slice_logprobs(params: Params, config: ModelConfig, hidden: jax.Array, response: jax.Array,
-                    temperature: float, with_entropy: bool) -> tuple[jax.Array, jax.Array | None]:
+                    temperature: float | jax.Array, with_entropy: bool
+                    ) -> tuple[jax.Array, jax.Array | None]:
   """hidden [n, c, D], response [n, c] -> log-probs [n, c] and entropies [n, c] (or None)."""
+  if jnp.ndim(temperature):  # one per row [n]
+    temperature = jnp.reshape(temperature, (-1, 1, 1))
   logits = decoder.lm_logits(params, hidden, config) / temperature  # [n, c, V]
   lse = jax.nn.logsumexp(logits, axis=-1)
   logp = jnp.take_along_axis(logits, response[..., None], axis=-1)[..., 0] - lse

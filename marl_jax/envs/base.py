@@ -57,6 +57,28 @@ class StepResult:
   info: dict[str, Any]
 
 
+# The `info` keys under which an env reports what it read from a reply when it has no coerced
+# `actions` (math answers, verdicts, orchestration decisions, search routes), in priority order.
+PARSED_INFO_KEYS = ("answer", "verdict", "decision", "route")
+_ACTION_CHARS = 300  # the text of a parsed action is cut to this many characters
+
+
+def parsed_action(result: StepResult) -> str | None:
+  """What the env parsed from the reply, as text for people (the trainer's samples tables): the
+  coerced actions, else the first `PARSED_INFO_KEYS` value in `info`; None when nothing parsed
+  (`actions` None with a `format_error`, or no parsed value reported)."""
+  if result.actions is not None:
+    text = ", ".join(str(a) for a in result.actions) or "()"
+  elif result.info.get("format_error"):
+    return None
+  else:
+    found = [result.info[k] for k in PARSED_INFO_KEYS if result.info.get(k) is not None]
+    if not found:
+      return None
+    text = str(found[0])
+  return truncate(text, _ACTION_CHARS)
+
+
 def check_seed(seed: int) -> int:
   """Seeds are non-negative ints: `random.Random` folds -s onto s, which would alias instances."""
   if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:

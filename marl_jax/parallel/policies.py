@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from marl_jax.algos import critic as critic_lib
@@ -173,8 +174,20 @@ def _one_model(params, model_specs, config, batch, adapters, remat: bool):
   return params, hidden
 
 
+def row_temperature(temperature: float | tuple[float, ...], agent_id: jax.Array
+                    ) -> float | jax.Array:
+  """The learner temperature of each row: `temperature` itself when one number (or every agent's
+  is the same: no gather, the program of a single temperature), else agent `agent_id`'s [n]."""
+  if not isinstance(temperature, tuple):
+    return temperature
+  if len(set(temperature)) == 1:
+    return temperature[0]
+  return jnp.asarray(temperature, jnp.float32)[agent_id]
+
+
 def token_logprobs(cfg: PolicyConfig, trainable: Params, frozen: Params, specs: tuple[Any, Any],
-                   batch: Any, *, temperature: float, with_entropy: bool = False,
+                   batch: Any, *, temperature: float | tuple[float, ...],
+                   with_entropy: bool = False,
                    remat: bool = False, logits_chunk: int | None = None) -> tuple[Any, Any]:
   """Log-probs (and entropies) of every policy's response tokens, in the batch's own layout.
 
@@ -182,19 +195,22 @@ def token_logprobs(cfg: PolicyConfig, trainable: Params, frozen: Params, specs: 
   layer stack are all-gathered here and each layer inside the scan. `batch` has `prompt`,
   `prompt_mask`, `response` and `samples.policy_id` (a dict of such for "mapped").
   `logits_chunk`: response positions per LM-head slice (`logprobs.token_logprobs_from_hidden`).
+  `temperature`: one, or one per agent (each row at its `samples.agent_id`'s, `row_temperature`).
   """
 
   def run(params, model_specs, config, b, adapters):
     params, hidden = _one_model(params, model_specs, config, b, adapters, remat)
-    return logprobs.token_logprobs_from_hidden(params, config, hidden, b.response, temperature,
-                                               with_entropy, logits_chunk)
+    return logprobs.token_logprobs_from_hidden(
+        params, config, hidden, b.response, row_temperature(temperature, b.samples.agent_id),
+        with_entropy, logits_chunk)
 
   return of(cfg).token_logprobs(cfg, run, trainable["policy"], frozen,
                                 (specs[0]["policy"], specs[1]), batch)
 
 
 def reference_logprobs(cfg: PolicyConfig, reference: Any, frozen: Params, specs: tuple[Any, Any],
-                       batch: Any, *, temperature: float, logits_chunk: int | None = None) -> Any:
+                       batch: Any, *, temperature: float | tuple[float, ...],
+                       logits_chunk: int | None = None) -> Any:
   """Log-probs of the response tokens under the frozen KL reference, in the batch's layout.
 
   LoRA: the base without adapters (no extra params). Full models: `reference['policy']`, a frozen
@@ -202,9 +218,9 @@ def reference_logprobs(cfg: PolicyConfig, reference: Any, frozen: Params, specs:
   shard_map."""
   if of(cfg).adapters:
     base, hidden = _one_model(frozen["base"], specs[1]["base"], cfg.models[0], batch, None, False)
-    logp, _ = logprobs.token_logprobs_from_hidden(base, cfg.models[0], hidden,
-                                                  batch.response, temperature, False,
-                                                  logits_chunk)
+    logp, _ = logprobs.token_logprobs_from_hidden(
+        base, cfg.models[0], hidden, batch.response,
+        row_temperature(temperature, batch.samples.agent_id), False, logits_chunk)
     return logp
   logp, _ = token_logprobs(cfg, reference, frozen, specs, batch, temperature=temperature,
                            logits_chunk=logits_chunk)

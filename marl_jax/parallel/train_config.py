@@ -139,8 +139,11 @@ class TrainConfig:
     agent_policies: policy of each agent (len = space.num_agents); None: every agent uses
       policy 0 when there is one policy, agent i uses policy i when there is one per agent.
     temperature: the learner's temperature: its log-probs are log_softmax(logits / temperature).
-      The paper configs say which they use (verl-based AT-GRPO / Dr. MAS: the sampling one;
-      CoMLRL's MAGRPO and MARFT: 1).
+      One number for every row, or one per agent (len = space.num_agents, in agent-id order):
+      each row's logits are divided by its agent's (`policies.row_temperature`; the trainer's
+      are the agents' sampling temperatures, `config.sampling.per_agent`). The paper configs say
+      which they use (verl-based AT-GRPO / Dr. MAS: the sampling one; CoMLRL's MAGRPO and
+      MARFT: 1).
     with_entropy: compute per-token entropies (for an entropy bonus, else only the metric).
     reference_policies: the policies whose rows the KL reference pass sees (sorted ids; the
       trainer: those acting for `train.agents`, whose rows alone the updates keep,
@@ -154,7 +157,7 @@ class TrainConfig:
   space: GroupSpace
   train: TrainSettings = TrainSettings()
   agent_policies: tuple[int, ...] | None = None
-  temperature: float = 1.0
+  temperature: float | tuple[float, ...] = 1.0
   with_entropy: bool = True
   reference_policies: tuple[int, ...] | None = None
 
@@ -183,6 +186,14 @@ class TrainConfig:
                             estimator_field="advantage.estimator", critic_field="policy.critic")
     if self.loss.entropy_coef != 0.0 and not self.with_entropy:
       raise ValueError(f"entropy_coef={self.loss.entropy_coef} needs with_entropy=True")
-    if not _positive(self.temperature):
-      raise ValueError(f"temperature={self.temperature!r}; expected a finite number > 0")
+    temps = self.temperature
+    if isinstance(temps, (tuple, list)):
+      temps = tuple(temps)
+      object.__setattr__(self, "temperature", temps)
+      if len(temps) != A:
+        raise ValueError(f"temperature has {len(temps)} entries but the group space declares "
+                         f"num_agents={A}; expected one per agent (or one number)")
+    if not all(_positive(t) for t in (temps if isinstance(temps, tuple) else (temps,))):
+      raise ValueError(f"temperature={self.temperature!r}; expected a finite number > 0 (or "
+                       "one per agent)")
     check_update_rules(self.train, self.loss)

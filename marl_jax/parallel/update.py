@@ -34,6 +34,7 @@ from (run key, step), so a resumed run repeats them exactly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -47,7 +48,7 @@ from marl_jax.parallel.gradients import RolloutTargets
 from marl_jax.parallel.train_config import TrainConfig, TrainState
 from marl_jax.parallel.train_step import TrainFns
 
-__all__ = ["mean_metrics", "plan", "run", "select_rows", "trained_rows"]
+__all__ = ["host_copy", "mean_metrics", "plan", "run", "select_rows", "trained_rows"]
 
 
 def plan(kept: list[np.ndarray], size: int | None, rng: np.random.Generator, multiple: int = 1,
@@ -117,7 +118,7 @@ def select_rows(cfg: TrainConfig, batch: Any, targets: Any, idx: list[Any],
 _select_rows_jit = jax.jit(select_rows, static_argnums=0)
 
 
-def _host(x: jax.Array) -> np.ndarray:
+def host_copy(x: jax.Array) -> np.ndarray:
   """A global array on every process's host (all processes take part in the gather)."""
   if getattr(x, "is_fully_addressable", True):
     return np.asarray(x)
@@ -151,15 +152,21 @@ def trained_rows(cfg: TrainConfig, batch: Any, targets: Any) -> list[np.ndarray]
   (`losses.aggregate` counts tokens, or responses with a token), so leaving them out of the
   updates changes no gradient, only the work."""
   layout = layouts.of(cfg.policy)
-  return [_host(t.sample_mask & jnp.any(b.samples.token_mask, axis=-1))  # one copy per block
+  return [host_copy(t.sample_mask & jnp.any(b.samples.token_mask, axis=-1))  # one copy per block
           for b, t in zip(layout.split(cfg.policy, batch), layout.split(cfg.policy, targets))]
 
 
 def run(fns: TrainFns, cfg: TrainConfig, state: TrainState, frozen: Any, batch: Any,
-        rng: np.random.Generator, reference: Any = None) -> tuple[TrainState, dict[str, Any]]:
+        rng: np.random.Generator, reference: Any = None,
+        on_targets: Callable[[Any, Any], None] | None = None
+        ) -> tuple[TrainState, dict[str, Any]]:
   """Every update of one rollout (module docstring). `reference`: the KL reference
   (`fns.reference_params`; None with LoRA), whose log-probs are filled for the trained rows only,
-  when `fns.ref_logp` is set. Returns the new state and the metrics:
+  when `fns.ref_logp` is set. `on_targets(batch, targets)`: called right after `fns.prepare`
+  with the whole rollout's batch and its `RolloutTargets` (global arrays in the batch's layout),
+  for a host that shows them (the trainer's samples tables); in a multi-host run every process
+  must pass one (a host copy of a global array is a collective). Returns the new state and the
+  metrics:
   each step metric's mean over the updates (`agent/samples`: the rows they trained on), the
   advantage metrics of the whole rollout, `updates` and `policy_skipped` (updates whose policy
   step target_kl or the guard skipped)."""
@@ -167,6 +174,8 @@ def run(fns: TrainFns, cfg: TrainConfig, state: TrainState, frozen: Any, batch: 
   if fns.old_values is not None:  # MARFT: GAE needs the critic's values of these states
     batch = fns.old_values(state.params, frozen, batch)
   batch, targets, adv_metrics = fns.prepare(batch)
+  if on_targets is not None:
+    on_targets(batch, targets)
   kept = trained_rows(cfg, batch, targets)
   equal = not layouts.of(cfg.policy).per_policy_models
   (idx, valid), = plan(kept, None, rng, fns.shards, equal)

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import json
 import typing
+from collections.abc import Sequence
 from typing import Any
 
 import ml_collections
@@ -52,6 +53,21 @@ def section(obj: Any) -> ml_collections.ConfigDict:
       value = config_dict.placeholder(args[0] if args else hint)
     out[field.name] = value
   return out
+
+
+# The settings an agent may override under `sampling.per_agent.<agent>` (placeholder types).
+PER_AGENT_SAMPLING = {"temperature": float, "top_p": float, "max_new_tokens": int,
+                      "stop": tuple}
+
+
+def per_agent_sampling() -> ml_collections.ConfigDict:
+  """`sampling.per_agent`: for every agent name a registered workflow declares
+  (`registry.agent_names`), its `PER_AGENT_SAMPLING` fields as typed placeholders (None = the
+  global `sampling` value). Declared up front: a locked config takes only existing fields from
+  the command line."""
+  return ml_collections.ConfigDict({
+      agent: {name: config_dict.placeholder(kind) for name, kind in PER_AGENT_SAMPLING.items()}
+      for agent in registry.agent_names()})
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -96,8 +112,17 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout = ml_collections.ConfigDict(dict(mode="tree", k=8, problems_per_step=32,
                                              tool_timeout_s=5.0, tool_memory_mb=512,
                                              allow_unsandboxed=False, max_refills=4))
+  # Rollout sampling. stop: stop strings, a reply ends at the first one (its text excludes it).
+  # per_agent.<agent>.{temperature, top_p, max_new_tokens, stop}: one agent's own setting, None =
+  # the value above; a section exists for every agent of every registered workflow, and setting
+  # one for an agent the run's workflow lacks is refused (`--config.sampling.per_agent.verifier.
+  # temperature=0.7`). The learner divides each agent's logits by that agent's sampling
+  # temperature (unless train.learner_temperature is set). Evaluation keeps config.eval's
+  # temperature and top_p for every agent (it measures the policy, not its exploration), but
+  # uses each agent's max_new_tokens and stop (its reply format and budget).
   c.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_p=1.0, top_k=0,
-                                              max_new_tokens=2048))
+                                              max_new_tokens=2048, stop=(),
+                                              per_agent=per_agent_sampling()))
   c.algo = section(AdvantageConfig(estimator="at_grpo", filter="lowest_mean"))
   # loss.kl_coef > 0: KL to a frozen reference. LoRA: the base without adapters (no extra
   # memory). Full models (shared/stacked/mapped): a frozen copy of the params RL starts from
@@ -215,7 +240,9 @@ def build(c: ml_collections.ConfigDict) -> Built:
                      f"declare; expected a subset of {sorted(c.env.kwargs)}")
   loss = checks.dataclass_of(LossConfig, c.loss, "loss")
   checks.prefixed(check_update_rules, train, loss)
-  checks.learner_temperature(c, learner_temperature(c), _sampling_temperature(c), loss)
+  checks.sampling(c, spec)
+  checks.learner_temperature(c, {a: (learner_temperature(c, a), sampling_temperature(c, a))
+                                  for a in spec.agents}, loss)
   return Built(spec=spec, advantage=advantage, loss=loss, train=train,
                optim=checks.dataclass_of(OptimConfig, c.optim, "optim"),
                lora=checks.dataclass_of(LoraConfig, c.lora, "lora") if layout.adapters else None,
@@ -277,17 +304,34 @@ def env_kwargs(c: ml_collections.ConfigDict, for_eval: bool = False) -> dict[str
   return kwargs
 
 
-def learner_temperature(c: ml_collections.ConfigDict) -> float:
-  """The learner's temperature: config.train.learner_temperature, else the sampling one (1 for
-  greedy sampling)."""
+def agent_sampling(c: ml_collections.ConfigDict, agent: str | None, name: str) -> Any:
+  """Sampling setting `name` (a `PER_AGENT_SAMPLING` field) of `agent`: its
+  `sampling.per_agent` override when set, else the global `sampling.<name>` (also for None, or an
+  agent no section declares)."""
+  section = c.sampling.per_agent.get(agent) if agent is not None else None
+  value = None if section is None else section[name]
+  return c.sampling[name] if value is None else value
+
+
+def learner_temperature(c: ml_collections.ConfigDict, agent: str | None = None) -> float:
+  """The learner's temperature for `agent`'s rows: config.train.learner_temperature, else the
+  agent's sampling temperature (1 for greedy sampling). `agent` None: the global one."""
   if c.train.learner_temperature is not None:
     return c.train.learner_temperature
-  return _sampling_temperature(c)
+  return sampling_temperature(c, agent)
 
 
-def _sampling_temperature(c: ml_collections.ConfigDict) -> float:
-  """The temperature the samples were drawn at; 1 for greedy sampling (temperature 0)."""
-  return c.sampling.temperature if c.sampling.temperature > 0 else 1.0
+def learner_temperatures(c: ml_collections.ConfigDict, agents: Sequence[str]
+                         ) -> tuple[float, ...]:
+  """`learner_temperature` of each of `agents` (`TrainConfig.temperature`, in agent-id order)."""
+  return tuple(float(learner_temperature(c, a)) for a in agents)
+
+
+def sampling_temperature(c: ml_collections.ConfigDict, agent: str | None = None) -> float:
+  """The temperature `agent`'s samples were drawn at (`agent_sampling`); 1 for greedy sampling
+  (temperature 0), whose log-probs the sampler records at temperature 1."""
+  temperature = agent_sampling(c, agent, "temperature")
+  return temperature if temperature > 0 else 1.0
 
 
 @_user_errors

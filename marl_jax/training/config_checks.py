@@ -95,9 +95,12 @@ def values(c: ml_collections.ConfigDict) -> None:
     value = _field(c, field)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ValueError(f"config.{field}={value!r}; expected an integer >= 1")
-  refills = c.rollout.max_refills
-  if not isinstance(refills, int) or isinstance(refills, bool) or refills < 0:
-    raise ValueError(f"config.rollout.max_refills={refills!r}; expected an integer >= 0")
+  for field, low in (("rollout.max_refills", 0), ("logging.samples_every", 0),
+                     ("logging.samples_episodes", 1)):
+    value = _field(c, field)
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+      raise ValueError(f"config.{field}={value!r}; expected an integer >= {low}"
+                       + (" (0: never)" if field == "logging.samples_every" else ""))
   kl_coef = c.loss.kl_coef
   if not _number(kl_coef) or not 0 <= kl_coef < math.inf:
     raise ValueError(f"config.loss.kl_coef={kl_coef!r}; expected a finite number >= 0 (0: no KL "
@@ -228,12 +231,49 @@ def rollout_modes(c: ml_collections.ConfigDict, spec: WorkflowSpec,
                      f"of estimator {algo.estimator!r}, so every advantage is 0; expected k >= 2")
 
 
-def learner_temperature(c: ml_collections.ConfigDict, learner: float, sampling: float,
-                        loss: LossConfig) -> None:
-  """PPO ratios start at 1 only when the learner's temperature (`learner`) is the sampler's
-  (`sampling`), unless the learner recomputes the old log-probs itself."""
-  if (loss.policy_loss == "ppo" and not c.train.recompute_old_logp and learner != sampling):
-    raise ValueError(f"config.train.learner_temperature={c.train.learner_temperature} differs "
-                     f"from the sampling temperature {sampling}, so PPO ratios would not start "
-                     "at 1; set config.train.recompute_old_logp=True (old log-probs from the "
-                     "learner)")
+def sampling(c: ml_collections.ConfigDict, spec: WorkflowSpec) -> None:
+  """The stop strings, and each `sampling.per_agent` override: set only for an agent of the run's
+  workflow, each value in its field's range (the global fields: `values`)."""
+  _stop_strings(c.sampling.stop, "sampling.stop")
+  for agent, section in c.sampling.per_agent.items():
+    for name, value in section.items():
+      if value is None:
+        continue
+      field = f"sampling.per_agent.{agent}.{name}"
+      if agent not in spec.agents:
+        raise ValueError(f"config.{field}={value!r} names agent {agent!r}, which workflow "
+                         f"{c.env.workflow!r} of {c.env.name!r} does not have; expected an "
+                         f"agent of {list(spec.agents)}")
+      if name == "temperature" and not (_number(value) and math.isfinite(value) and value >= 0):
+        raise ValueError(f"config.{field}={value!r}; expected a finite number >= 0 (0: greedy)")
+      if name == "top_p" and not (_number(value) and 0.0 < value <= 1.0):
+        raise ValueError(f"config.{field}={value!r}; expected a number in (0, 1]")
+      if name == "max_new_tokens" and not (isinstance(value, int) and not isinstance(value, bool)
+                                           and value >= 1):
+        raise ValueError(f"config.{field}={value!r}; expected an integer >= 1")
+      if name == "stop":
+        _stop_strings(value, field)
+
+
+def _stop_strings(value: Any, field: str) -> None:
+  if not (isinstance(value, (tuple, list)) and all(isinstance(s, str) and s for s in value)):
+    raise ValueError(f"config.{field}={value!r}; expected a tuple of non-empty strings, e.g. "
+                     "('</answer>',)")
+
+
+def learner_temperature(c: ml_collections.ConfigDict,
+                        temperatures: dict[str, tuple[float, float]], loss: LossConfig) -> None:
+  """PPO ratios start at 1 only when each agent's learner temperature is the one its samples were
+  drawn at (`temperatures`: agent -> (learner, sampling)), unless the learner recomputes the old
+  log-probs itself."""
+  if loss.policy_loss != "ppo" or c.train.recompute_old_logp:
+    return
+  for agent, (learner, sampled) in temperatures.items():
+    if learner != sampled:
+      section = c.sampling.per_agent.get(agent)
+      where = (f" of agent {agent!r} (config.sampling.per_agent.{agent}.temperature)"
+               if section is not None and section.temperature is not None else "")
+      raise ValueError(f"config.train.learner_temperature={c.train.learner_temperature} differs "
+                       f"from the sampling temperature {sampled}{where}, so PPO ratios would "
+                       "not start at 1; set config.train.recompute_old_logp=True (old log-probs "
+                       "from the learner)")

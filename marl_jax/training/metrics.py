@@ -45,6 +45,12 @@ def default_config() -> ml_collections.ConfigDict:
       "wandb_init_timeout_s": 30.0,  # "online" only: after this, fall back to offline.
       "jsonl": True,
       "console": True,
+      # Every `samples_every` steps (0 = never) a table of the first `samples_episodes`
+      # episodes of the step's rollout: per agent and turn the prompt's tail, the reply, the
+      # parsed action, reward and advantage (`training/samples.py`), as a wandb table and as
+      # `<workdir>/samples/step{N}.md`. Multi-host: process 0's episodes.
+      "samples_every": 10,
+      "samples_episodes": 4,
   })
 
 
@@ -70,6 +76,13 @@ class MetricWriter(abc.ABC):
   @abc.abstractmethod
   def write_summary(self, summary: Mapping[str, Any]) -> None:
     """Records end-of-run values (final evaluation, best accuracy, ...); later calls update it."""
+
+  def write_table(self, step: int, name: str, columns: Sequence[str],
+                  rows: Sequence[Sequence[Any]]) -> None:
+    """Records a table of one step (the samples tables); values: str, numbers, bools, None.
+    Only wandb shows tables: the other backends keep scalars (the samples' own copy is a local
+    page, `training/samples.py`)."""
+    del step, name, columns, rows
 
   def flush(self) -> None:
     """Makes everything written so far durable (no-op for unbuffered backends)."""
@@ -200,6 +213,12 @@ class WandbWriter(MetricWriter):
   def write_summary(self, summary: Mapping[str, Any]) -> None:
     self._run.summary.update({k: _jsonable(k, v) for k, v in summary.items()})
 
+  def write_table(self, step: int, name: str, columns: Sequence[str],
+                  rows: Sequence[Sequence[Any]]) -> None:
+    import wandb  # already imported by __init__
+    self._run.log({name: wandb.Table(columns=list(columns), data=[list(r) for r in rows])},
+                  step=int(step))
+
   def close(self) -> None:
     self._run.finish()
 
@@ -221,6 +240,11 @@ class MultiWriter(MetricWriter):
   def write_summary(self, summary: Mapping[str, Any]) -> None:
     for w in self.writers:
       w.write_summary(summary)
+
+  def write_table(self, step: int, name: str, columns: Sequence[str],
+                  rows: Sequence[Sequence[Any]]) -> None:
+    for w in self.writers:
+      w.write_table(step, name, columns, rows)
 
   def flush(self) -> None:
     for w in self.writers:

@@ -61,7 +61,8 @@ def train_config(c: ml_collections.ConfigDict, built: config_lib.Built,
   return TrainConfig(
       policy=policy, advantage=built.advantage, loss=built.loss, space=shape.space,
       train=built.train, agent_policies=tuple(built.spec.policy_id(a) for a in built.spec.agents),
-      temperature=config_lib.learner_temperature(c), reference_policies=trained_policies(c, built))
+      temperature=config_lib.learner_temperatures(c, built.spec.agents),
+      reference_policies=trained_policies(c, built))
 
 
 def trained_policies(c: ml_collections.ConfigDict, built: config_lib.Built) -> tuple[int, ...]:
@@ -124,6 +125,37 @@ def load_team(c: ml_collections.ConfigDict, built: config_lib.Built
 
 def sampling_params(c: ml_collections.ConfigDict, temperature: float, top_p: float
                     ) -> SamplingParams:
-  """config.sampling's budget and top-k at `temperature` and `top_p` (rollout or evaluation)."""
+  """config.sampling's budget, stop strings and top-k at `temperature` and `top_p` (the global
+  settings of a rollout or evaluation)."""
   return SamplingParams(max_new_tokens=c.sampling.max_new_tokens, temperature=temperature,
-                        top_p=top_p, top_k=c.sampling.top_k)
+                        top_p=top_p, top_k=c.sampling.top_k,
+                        stop_strings=tuple(c.sampling.stop))
+
+
+def agent_sampling_params(c: ml_collections.ConfigDict, agents: Sequence[str],
+                          for_eval: bool = False) -> dict[str, SamplingParams]:
+  """Each agent's SamplingParams: its `sampling.per_agent` overrides over config.sampling
+  (`config.agent_sampling`). Evaluation (`for_eval`) samples every agent at config.eval's
+  temperature and top_p (None: sampling.top_p) but keeps each agent's max_new_tokens and stop
+  strings (its reply format and budget), as the config's `sampling` comment says."""
+  out = {}
+  for a in agents:
+    if for_eval:
+      temperature = c.eval.temperature
+      top_p = c.sampling.top_p if c.eval.top_p is None else c.eval.top_p
+    else:
+      temperature = config_lib.agent_sampling(c, a, "temperature")
+      top_p = config_lib.agent_sampling(c, a, "top_p")
+    out[a] = SamplingParams(
+        max_new_tokens=config_lib.agent_sampling(c, a, "max_new_tokens"),
+        temperature=temperature, top_p=top_p, top_k=c.sampling.top_k,
+        stop_strings=tuple(config_lib.agent_sampling(c, a, "stop")))
+  return out
+
+
+def largest_budget(c: ml_collections.ConfigDict) -> int:
+  """The most new tokens any agent of the run may sample: config.sampling.max_new_tokens or a
+  larger `sampling.per_agent` budget (set only for the run's agents, `config_checks.sampling`)."""
+  return max([c.sampling.max_new_tokens] + [s.max_new_tokens for s in
+                                            c.sampling.per_agent.values()
+                                            if s.max_new_tokens is not None])

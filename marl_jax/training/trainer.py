@@ -22,8 +22,9 @@ of the params; the processes agree on the batch's bucketed shapes, each builds i
 global batch is assembled from them; rollout and eval metrics are reduced over processes. Process
 0 writes logs, plots and summaries; every process writes the traces of its own eval episodes.
 
-Workdir layout: `checkpoints/`, `metrics.jsonl`, `traces/eval_step{N}.jsonl` (and
-`traces/pretrained_step0.jsonl` before a warm-start; + content stores;
+Workdir layout: `checkpoints/`, `metrics.jsonl`, `samples/step{N}.md` (`training/samples.py`),
+`traces/eval_step{N}.jsonl` (and `traces/pretrained_step0.jsonl` before a warm-start; + content
+stores;
 process p > 0 of a multi-host run: `traces/eval_step{N}.process{p}.jsonl`),
 `learning_curve.png`, `summary.md`, `summary.json`, `config.json`.
 """
@@ -51,6 +52,7 @@ from marl_jax.sandbox import runner as sandbox
 from marl_jax.training import eval_metrics, plots, preflight, progress, reference, refill
 from marl_jax.training import config as config_lib
 from marl_jax.training import run_identity, setup, workdir_lock
+from marl_jax.training import samples as samples_lib
 from marl_jax.training import sft as sft_lib
 from marl_jax.training.checkpoint import Checkpointer
 from marl_jax.training.llm_policy import LLMPolicy
@@ -89,6 +91,8 @@ def _train(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if done % c.eval.every == 0 or done == c.train.steps:
       scalars.update(run.evaluate(done))
     writer.write_scalars(done, scalars)
+    if run.samples_table is not None:  # process 0 only
+      samples_lib.publish(run.samples_table, done, workdir, writer)
     progress.show_metrics(bar, scalars, ("rollout/success", "eval/accuracy", "train/loss"))
     bar.update(1)
     writer.flush()  # metrics up to a checkpoint survive a SIGKILL right after it
@@ -188,6 +192,7 @@ class Run:
     if trains and reference.start_point(c, workdir) is None:  # else made where RL starts
       self.reference = reference.copy(self.fns, trainable)
     self.next_seed = 0  # data position: the first seed not rolled out yet
+    self.samples_table = None  # the last train step's samples table rows (`training/samples.py`)
     self.local_frozen = policies.sampler_copy(  # never donated
         self.policy, multihost.process_local(self.frozen, self.mesh))
     self.state = self.fns.init(trainable)
@@ -198,11 +203,12 @@ class Run:
     self.train_policy = LLMPolicy(self.policy, self.tokenizers,
                                   setup.sampling_params(c, c.sampling.temperature,
                                                         c.sampling.top_p),
-                                  self.run_key)
+                                  self.run_key, setup.agent_sampling_params(c, self.spec.agents))
     eval_top_p = c.sampling.top_p if c.eval.top_p is None else c.eval.top_p
     self.eval_policy = LLMPolicy(self.policy, self.tokenizers,
                                  setup.sampling_params(c, c.eval.temperature, eval_top_p),
-                                 self.run_key)
+                                 self.run_key,
+                                 setup.agent_sampling_params(c, self.spec.agents, for_eval=True))
     self.checkpointer = Checkpointer.from_config(c.checkpoint, workdir, read_only=not trains,
                                                  identity=run_identity.identity(c))
     self.sft_shape = self.sft_cfg = self.sft_fns = None
@@ -248,9 +254,13 @@ class Run:
     start = time.monotonic()
     samples, result, refill_metrics = self.rollout()
     rollout_s = time.monotonic() - start
-    batch = self.batch(trained_samples(samples, self.trained_agents), self.shape)
+    samples = trained_samples(samples, self.trained_agents)
+    batch = self.batch(samples, self.shape)
+    capture = (samples_lib.Capture(self.policy, samples, self.c.logging.samples_episodes)
+               if samples_lib.due(self.c.logging, step + 1) else None)  # step + 1: as logged
     self.state, metrics = update.run(self.fns, self.train_cfg, self.state, self.frozen, batch,
-                                     self._shuffles(3, step), self.reference)
+                                     self._shuffles(3, step), self.reference, capture)
+    self.samples_table = capture.table() if capture is not None and self.is_main else None
     out = _scalars(metrics, self.spec.agents)
     out.update(_rollout_metrics(result, self.spec.agents))
     out.update(refill_metrics)

@@ -44,6 +44,13 @@ register("writing", "marl_jax.envs.writing.task:TASK")
 register("search", "marl_jax.envs.search.task:TASK")
 
 
+def agent_names() -> tuple[str, ...]:
+  """Every agent name any workflow of any registered environment declares, sorted (the config
+  declares a `sampling.per_agent` section for each; imports every lazily registered Task)."""
+  return tuple(sorted({a for name in TASKS for w in TASKS.get(name).workflows.values()
+                       for a in w.agents}))
+
+
 def make_env(name: str, **kwargs: Any) -> Any:
   """Builds the environment registered as `name`, e.g. make_env("sokoban", seed=3, mode="single")."""
   return TASKS.get(name).make_env(**kwargs)

@@ -115,6 +115,7 @@ class Sample:
   selected: bool = True  # tree mode: whether this candidate's state was continued
   trained: bool = True  # False: in its group's statistics, in no loss (config.train.agents)
   state: int = 0  # the state the agent observed (`envs.base.Observation.state`)
+  action: str | None = None  # what the env parsed from the reply (`envs.base.parsed_action`)
 
 
 @dataclasses.dataclass
@@ -306,7 +307,7 @@ def _step_episode(ep: _Episode, spec: WorkflowSpec, obs: envs_base.Observation,
                           spec.policy_id(agent), j if tree else ep.traj_id, ep.parent,
                           messages, gen, reward=result.rewards.get(agent, 0.0),
                           team_reward=_team_reward(env) if per_branch_team else 0.0,
-                          state=obs.state))
+                          state=obs.state, action=envs_base.parsed_action(result)))
     candidates.append((len(samples) - 1, env, result))
   best = max(range(len(candidates)),  # on a tie, a branch whose step did not raise
              key=lambda j: (candidates[j][2].rewards.get(agent, float("-inf")),

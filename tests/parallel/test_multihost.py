@@ -194,6 +194,7 @@ def _toy_config(model_dir: str):
   c.eval.every, c.eval.num_problems, c.eval.k = STEPS, 2, 1
   c.eval.temperature = c.sampling.temperature  # the train rollouts' sampler program serves it
   c.checkpoint.every_steps = STEPS
+  c.logging.samples_every = STEPS  # the samples table's hook gathers the targets (a collective)
   return c
 
 
@@ -395,6 +396,19 @@ def test_trainer_in_two_processes_matches_one_process_on_the_same_rollouts(tmp_p
     lines = (tmp_path / "run" / "traces" / name).read_text().splitlines()
     assert len(lines) == 1, name
   assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == STEPS
+  # The samples page shows process 0's first episodes (problem 0) with the advantages of the
+  # whole rollout: the one-process run over the union of the rollouts shows the same rows.
+  from marl_jax.training import samples  # pylint: disable=import-outside-toplevel
+  pages = [samples.read_markdown(tmp_path / run / "samples" / f"step{STEPS}.md")
+           for run in ("run", "reference")]
+  step_samples = runs[0]["rollouts"][STEPS - 1][1].samples
+  assert [r["reply"] for r in pages[0]] == [s.generation.text for s in step_samples]
+  for got_row, want_row in zip(*pages, strict=True):
+    assert {k: v for k, v in got_row.items() if k != "advantage"} == {
+        k: v for k, v in want_row.items() if k != "advantage"}
+    np.testing.assert_allclose(float(got_row["advantage"]), float(want_row["advantage"]),
+                               rtol=1e-4, atol=1e-5)
+  assert not (tmp_path / "run" / "samples" / "step1.md").exists()
 
 
 if __name__ == "__main__" and sys.argv[1:2] in (["step"], ["train"]):

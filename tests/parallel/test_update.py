@@ -318,6 +318,72 @@ def test_loss_uses_learner_temperature(temperature):
   assert abs((-other * grpo_advantages(b)[:, None])[mask].mean() - want) > 10 * 1e-4 * abs(want)
 
 
+@pytest.mark.parametrize("kind", ["shared", "stacked"])
+def test_each_agent_rows_at_its_own_temperature(kind):
+  """A per-agent learner temperature (T_0, T_1) = (0.6, 1.5), as the trainer gives agents that
+  sample at their own temperatures (`config.sampling.per_agent`): the recomputed old log-probs
+  and the KL reference's log-probs of every agent-0 row are log_softmax(logits / 0.6), of every
+  agent-1 row log_softmax(logits / 1.5) (NumPy over a full forward), and not the other agent's;
+  the REINFORCE loss differentiates those. Stacked: agent a is policy a's block (the lax.map
+  over blocks)."""
+  temps = (0.6, 1.5)
+  P = 1 if kind == "shared" else 2
+  policy = policies.PolicyConfig(kind=kind, models=(MODEL,), num_policies=P,
+                                 optim=(OptimConfig(lr=1e-3, eps=1e-2, max_grad_norm=1e9),))
+  loss = LossConfig(policy_loss="reinforce", aggregation="token_mean", kl_coef=0.1)
+  cfg = TrainConfig(policy=policy, advantage=AdvantageConfig("grpo"), loss=loss, space=SPACE,
+                    agent_policies=(0, 0) if P == 1 else None, temperature=temps,
+                    train=TrainSettings(recompute_old_logp=True))
+  fns = make_train_step(cfg, make_mesh(2, 1, 1, devices=cpu_devices(2)),
+                        compiler_options=FAST_COMPILE)
+  one = jax.jit(decoder.init_params, static_argnums=0)(MODEL, jax.random.key(0))
+  trainable, frozen = init_params(policy, jax.random.key(1), base=one)
+  flat = make_batch_at(one, policy_of_agent=(0, 0) if P == 1 else (0, 1))
+  agent = np.asarray(flat.samples.agent_id)
+  if kind == "shared":
+    blocks, batch = [flat], flat
+  else:
+    blocks = [jax.tree.map(lambda x, a=a: np.asarray(x)[agent == a], flat) for a in range(A)]
+    batch = jax.tree.map(lambda *x: np.stack(x), *blocks)
+  state, frozen_s, sharded = start(fns, trainable, frozen, batch)
+  reference = fns.reference_params(state.params)
+  full, targets, _ = fns.prepare(sharded)
+  full, _ = fns.recompute(state.params, frozen_s, full, targets)
+  full = host(fns.ref_logp(reference, frozen_s, full))
+  got_blocks = [full] if kind == "shared" else [jax.tree.map(lambda x, p=p: x[p], full)
+                                                for p in range(A)]
+  checked = set()
+  for b, got in zip(blocks, got_blocks):
+    rows = np.asarray(b.samples.agent_id)
+    at = {t: ref_logp(one, b, t) for t in temps}
+    for a, t in enumerate(temps):
+      mask = b.samples.token_mask & (rows == a)[:, None]
+      if not mask.any():  # a stacked block holds one agent's rows
+        continue
+      checked.add(a)
+      for name in ("old_logp", "ref_logp"):
+        np.testing.assert_allclose(getattr(got, name)[mask], at[t][mask], atol=2e-5)
+        other = temps[1 - a]
+        assert np.abs(getattr(got, name)[mask] - at[other][mask]).max() > 1e-2
+  assert checked == {0, 1}
+  # The loss: -mean(logp_T(agent) * A) over the trained tokens (a REINFORCE step of the same
+  # rows; a stacked team sums each policy's token mean), with a KL term of 0 (the reference is
+  # the params themselves).
+  _, m = update.run(fns, cfg, state, frozen_s, sharded, np.random.default_rng(0), reference)
+  adv = grpo_advantages(flat)
+  logp = np.where((agent == 0)[:, None], ref_logp(one, flat, temps[0]),
+                  ref_logp(one, flat, temps[1]))
+  term = -logp * adv[:, None]
+  mask = flat.samples.token_mask
+  want = (term[mask].mean() if kind == "shared" else
+          sum(term[mask & (agent == a)[:, None]].mean() for a in range(A)))
+  np.testing.assert_allclose(m["loss"], want, rtol=1e-4, atol=1e-6)
+  one_t = -ref_logp(one, flat, temps[0]) * adv[:, None]  # every row at agent 0's temperature
+  wrong = (one_t[mask].mean() if kind == "shared" else
+           sum(one_t[mask & (agent == a)[:, None]].mean() for a in range(A)))
+  assert abs(wrong - want) > 10 * 1e-4 * abs(want)
+
+
 def test_refusals():
   with pytest.raises(ValueError, match="'reinforce' is on-policy"):
     build(loss=LossConfig(policy_loss="reinforce"), epochs=2)

@@ -25,6 +25,9 @@ from marl_jax.training import preflight
      ">= 0"),
     ("eval.temperature", float("nan"), "config.eval.temperature=nan; expected"),
     ("sampling.top_k", -1, "config.sampling.top_k=-1; expected an integer >= 0"),
+    ("logging.samples_every", -1, "config.logging.samples_every=-1; expected an integer >= 0 "
+     "(0: never)"),
+    ("logging.samples_episodes", 0, "config.logging.samples_episodes=0; expected an integer >= 1"),
     ("train.mesh", (2, 0, 1), "config.train.mesh=(2, 0, 1); expected (data, fsdp, tensor) sizes"),
     ("train.mesh", (2, 2), "config.train.mesh=(2, 2); expected"),
 ])
@@ -43,6 +46,7 @@ def test_build_accepts_the_boundary_values():
   c = config_lib.base_config()
   c.rollout.tool_timeout_s, c.rollout.tool_memory_mb = 0.001, 1
   c.sampling.temperature, c.eval.temperature, c.sampling.top_k = 0.0, 0.0, 0
+  c.logging.samples_every, c.logging.samples_episodes = 0, 1
   c.train.mesh = (-1, 2, 1)
   config_lib.build(c)
 

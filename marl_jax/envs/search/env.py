@@ -22,8 +22,6 @@ import re
 import string
 from typing import Any
 
-import bm25s
-
 from marl_jax.envs.base import MAX_REPLY_CHARS, Observation, StepResult, truncate
 
 AGENTS = ("verifier", "search", "answer")
@@ -79,12 +77,22 @@ def exact_match(prediction: str | None, answers: list[str]) -> bool:
   return any(pred == normalize_answer(a) for a in answers)
 
 
+def _bm25s():
+  """The `bm25s` module, imported on first use: its import runs a jax op when jax is installed,
+  which starts jax's backend, and the config imports every task to list the agents
+  (`registry.agent_names`) before an entry point may still configure jax (distributed
+  initialisation, fake devices)."""
+  import bm25s  # pylint: disable=import-outside-toplevel
+  return bm25s
+
+
 class Retriever:
   """BM25 (bm25s, English stopwords) over "title. text" of each passage."""
 
   def __init__(self, passages: list[dict[str, str]]):
     if not passages:
       raise ValueError("the search corpus is empty")
+    bm25s = _bm25s()
     self.passages = passages
     texts = [f"{p['title']}. {p['text']}" for p in passages]
     self.index = bm25s.BM25()
@@ -92,7 +100,7 @@ class Retriever:
                      show_progress=False)
 
   def retrieve(self, query: str, k: int = TOP_K) -> list[dict[str, str]]:
-    tokens = bm25s.tokenize([query], stopwords="en", return_ids=False, show_progress=False)
+    tokens = _bm25s().tokenize([query], stopwords="en", return_ids=False, show_progress=False)
     if not tokens[0]:
       return []
     ids, scores = self.index.retrieve(tokens, k=min(k, len(self.passages)), show_progress=False)
