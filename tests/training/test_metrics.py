@@ -147,51 +147,77 @@ def test_wandb_online_without_account_falls_back_to_offline(tmp_path, monkeypatc
 
 
 def _fake_run_records():
-  records = []
+  """A warm-started run's metrics as the trainer names them: step 0 holds the pretrained
+  evaluation, the warm-start's and the evaluation after it; steps 1-10 the RL steps."""
+  records = [{"step": 0, "pretrained/accuracy": 0.0, "pretrained/reward/tool": -1.0,
+              "sft/steps": 8.0, "sft/loss": 0.1, "eval/accuracy": 0.25,
+              "eval/reward/tool": 0.2}]
   for step in range(1, 11):
-    record = {"step": step, "train/reward/planner": 0.1 * step, "train/reward/tool": -0.05 * step,
-              "train/grad_norm/policy_0": 2.0 ** -step, "train/loss": 1.0 / step}
+    record = {"step": step, "agent/reward/planner": 0.1 * step, "agent/reward/tool": -0.05 * step,
+              "train/grad_norm": 2.0 ** -step, "train/loss": 1.0 / step,
+              "rollout/success": 0.05 * step}
     if step % 5 == 0:
-      record["eval/accuracy"] = step / 20
+      record.update({"eval/accuracy": step / 20, "eval/reward/tool": 0.2 + step / 100})
     records.append(record)
   return records
 
 
-def test_learning_curve_png_has_reward_accuracy_and_grad_norm_panels(tmp_path):
+def test_learning_curve_panels_join_pretrained_and_mark_the_phases(tmp_path):
   writer = metrics.JsonlWriter(tmp_path)
   for record in _fake_run_records():
     writer.write_scalars(record["step"], {k: v for k, v in record.items() if k != "step"})
   writer.close()
+  records = metrics.read_metrics(tmp_path)
 
-  panels = plots.panel_keys(metrics.read_metrics(tmp_path))
-  assert [(p.title, names) for p, names in panels] == [
-      ("reward", ["train/reward/planner", "train/reward/tool"]),
-      ("accuracy", ["eval/accuracy"]),
-      ("gradient norm", ["train/grad_norm/policy_0"]),
+  assert [(p.title.split(" (")[0], names) for p, names in plots.panel_keys(records)] == [
+      ("held-out success", ["eval/accuracy", "rollout/success"]),
+      ("held-out reward per agent", ["eval/reward/tool"]),
+      ("training reward per agent", ["agent/reward/planner", "agent/reward/tool"]),
+      ("gradient norm", ["train/grad_norm"]),
   ]
-  out = plots.plot_learning_curves(tmp_path, tmp_path / "curves.png", title="demo")
+  fig = plots.learning_curve_figure(records)
+  success = fig.axes[0]
+  held_out = {line.get_label(): line for line in success.get_lines()}["held-out (avg@k)"]
+  x, y = held_out.get_data()
+  # The pretrained value sits left of step 0, across the warm-start band, on the same line.
+  assert x[0] < 0 and list(x[1:]) == [0, 5, 10] and list(y) == [0.0, 0.25, 0.25, 0.5]
+  assert len(success.patches) == 2  # the warm-start and RL bands
+  assert "warm-start: 8 steps" in fig.texts[0].get_text()
+
+  out = plots.plot_learning_curves(tmp_path, tmp_path / "curves.png")
   image = matplotlib.image.imread(out)
-  assert image.shape[0] > 100 and image.shape[1] > 3 * image.shape[0]  # three panels side by side
+  assert image.shape[1] > image.shape[0] > 100  # two panels a row, two rows
   assert image[..., :3].std() > 0.05  # not a blank canvas
 
-  with pytest.raises(ValueError, match=r"no metric name contains any of \['accuracy'"):
+  with pytest.raises(ValueError, match=r"no metric name starts with any of \['agent/grad_norm/'"):
     plots.plot_learning_curves([{"step": 1, "loss": 1.0}], tmp_path / "empty.png")
+
+
+def test_learning_curve_draws_no_lone_dot():
+  """A metric logged once (one RL step's gradient norm) is a labelled level, not one marker."""
+  fig = plots.learning_curve_figure([{"step": 0, "eval/accuracy": 0.8},
+                                     {"step": 1, "eval/accuracy": 0.8, "train/grad_norm": 0.0}])
+  for ax in fig.axes:
+    for line in ax.get_lines():
+      assert len(line.get_xdata()) >= 2, line.get_label()
+  grad = fig.axes[1]
+  assert [t.get_text() for t in grad.texts] == ["0 (step 1)"]
 
 
 def test_summary_rows_and_markdown_table(tmp_path):
   records = _fake_run_records()
-  rows = plots.summarize(records, keys=["eval/accuracy", "train/reward/tool"])
+  rows = plots.summarize(records, keys=["eval/accuracy", "agent/reward/tool"])
   accuracy = np.array([r["eval/accuracy"] for r in records if "eval/accuracy" in r])
-  assert rows[0] == {"metric": "eval/accuracy", "first": accuracy[0], "first_step": 5,
+  assert rows[0] == {"metric": "eval/accuracy", "first": accuracy[0], "first_step": 0,
                      "last": accuracy[-1], "last_step": 10, "min": accuracy.min(),
-                     "max": accuracy.max(), "count": 2}
+                     "max": accuracy.max(), "count": 3}
   assert rows[1]["min"] == pytest.approx(-0.5) and rows[1]["max"] == pytest.approx(-0.05)
 
   path = plots.write_summary_table(tmp_path / "summary.md", rows,
                                    columns=["metric", "last", "max"], title="Final")
   assert path.read_text() == ("# Final\n\n| metric | last | max |\n|---|---|---|\n"
                               "| eval/accuracy | 0.5 | 0.5 |\n"
-                              "| train/reward/tool | -0.5 | -0.05 |\n")
+                              "| agent/reward/tool | -0.5 | -0.05 |\n")
   assert plots.markdown_table([{"a": "x|y", "b": math.nan}]) == (
       "| a | b |\n|---|---|\n| x\\|y | nan |\n")
   with pytest.raises(ValueError, match="'missing' is not in the records"):
@@ -211,3 +237,19 @@ def test_progress_bars_show_metrics_and_stay_silent_off_process_zero(capsys):
   quiet.update(3)
   quiet.close()
   assert "train" not in capsys.readouterr().err
+
+
+def test_seed_curves_show_each_seed_and_the_mean_with_its_standard_error():
+  runs = {f"s{i}": [{"step": 0, "pretrained/accuracy": 0.0, "eval/accuracy": 0.2 + 0.1 * i},
+                    {"step": 2, "eval/accuracy": 0.4 + 0.2 * i}] for i in range(3)}
+  fig = plots.seed_curves_figure(runs, title="3 seeds")
+  (ax,) = fig.axes
+  lines = {line.get_label(): line for line in ax.get_lines()}
+  x, mean = lines["mean +- SE (3 seeds)"].get_data()
+  assert x[0] < 0 and list(x[1:]) == [0, 2]  # pretrained, after the warm-start, after RL
+  np.testing.assert_allclose(mean, [0.0, 0.3, 0.6])
+  band = ax.collections[0].get_paths()[0].vertices
+  se_end = np.std([0.4, 0.6, 0.8], ddof=1) / np.sqrt(3)
+  np.testing.assert_allclose(band[:, 1].max(), 0.6 + se_end)
+  with pytest.raises(ValueError, match="at least two runs"):
+    plots.seed_curves_figure({"s0": runs["s0"]})
