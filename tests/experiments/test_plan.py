@@ -20,6 +20,7 @@ from marl_jax.errors import UserInputError
 from marl_jax.models.config import get_preset
 from marl_jax.parallel import layouts, policies
 from marl_jax.parallel.train_step import make_train_step
+from host import cpu_devices
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROMPT = 32
@@ -67,6 +68,7 @@ def on_device0(tree) -> int:
 
 
 def test_abstract_plan_matches_the_trainers_real_step():
+  cpu_devices(8)  # the configs' meshes (conftest's 8 devices)
   c = tiny_config()
   s = plan.setup(c, (2, 4, 1), PROMPT)
   state_abs, frozen_abs, batch_abs, _, step, planned = planned_step(s)
@@ -105,6 +107,7 @@ def test_train_step_flops_match_a_derivation():
   """Per device: 3 x forward (backward = 2 x forward) of the matmuls over prompt + response[:-1]:
   2 x (dense params) x tokens, causal attention computed as full T x T scores and values
   (4 x T^2 x Hq x Dh per layer and row), and the LM head on the R response positions only."""
+  cpu_devices(8)  # the configs' meshes (conftest's 8 devices)
   c = tiny_config()
   c.train.remat = False  # remat recomputes (most of) the forward: 4x, not 3x
   s = plan.setup(c, (8, 1, 1), PROMPT)
@@ -129,6 +132,7 @@ def test_train_step_flops_match_a_derivation():
 def test_mini_batches_plan_one_update_and_count_every_update():
   """16 samples in mini-batches of 8 over 2 epochs: the planned step holds 8 rows and counts 4
   updates, i.e. the FLOPs of 2 full-batch updates (linear in rows); memory is one mini-batch's."""
+  cpu_devices(8)  # the configs' meshes (conftest's 8 devices)
   target = plan.parse_target("h100", None, 0.4)
   reports = {}
   for mini in (None, 8):
@@ -153,6 +157,7 @@ def test_matmul_flops_count_scan_trip_counts():
 
 
 def test_fsdp_splits_the_params_across_devices():
+  cpu_devices(8)  # the configs' meshes (conftest's 8 devices)
   c = tiny_config()
   s = plan.setup(c, (1, 8, 1), PROMPT)
   trainable, _ = plan.abstract_params(s.policy, s.mesh)
@@ -200,6 +205,7 @@ def test_cli_plans_on_fake_devices_and_refuses_what_does_not_fit():
 
 @pytest.mark.parametrize("preset", ["mas_shared,cpu", "mas_lora,cpu", "mas_full,cpu"])
 def test_abstract_params_are_sharded_as_the_trainer_shards_them(preset):
+  cpu_devices(8)  # the configs' meshes (conftest's 8 devices)
   s = plan.setup(tiny_config(preset), (1, 8, 1), PROMPT)
   planned = plan.abstract_params(s.policy, s.mesh)
   fns = make_train_step(s.train, s.mesh)

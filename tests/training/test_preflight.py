@@ -12,6 +12,7 @@ import pytest
 from marl_jax.errors import UserInputError
 from marl_jax.training import config as config_lib
 from marl_jax.training import preflight
+from host import cpu_devices
 
 
 @pytest.mark.parametrize("field, value, expected", [
@@ -112,6 +113,7 @@ def test_check_reads_the_datasets_before_loading(tmp_path):
 
 def test_mini_batches_must_split_over_the_mesh(tmp_path):
   """8 devices (conftest) on the default (-1, 1, 1) mesh, 2 micro-batches: 16 pieces."""
+  cpu_devices(8)
   c = config_lib.base_config()
   c.train.micro_batches, c.train.mini_batch_size = 2, 24
   with pytest.raises(UserInputError, match=r"config.train.mini_batch_size=24 does not split into "
