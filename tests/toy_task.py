@@ -7,6 +7,9 @@ reply's characters that are vowels, so advantages are non-zero and params change
 from __future__ import annotations
 
 import functools
+import html
+import os
+import re
 
 import jax
 
@@ -15,6 +18,7 @@ from marl_jax.models import config as model_config
 from marl_jax.models import decoder, hf
 from marl_jax.models.loading import embedded_gguf_path
 from marl_jax.models.tokenizer import Tokenizer
+from marl_jax.training import samples
 from marl_jax.workflows import registry
 
 NAME = "toy_vowels"
@@ -125,3 +129,19 @@ def toy_config(model_dir: str, steps: int):
   c.checkpoint.every_steps = 1
   c.logging.wandb_mode, c.logging.console, c.logging.progress = "disabled", False, False
   return c
+
+
+def read_samples_page(path: str | os.PathLike[str]) -> list[dict[str, str]]:
+  """The rows of a trainer's samples page (`training/samples.py`) as {column: text}
+  (`samples.COLUMNS`; cells unescaped, numbers and yes/no as written)."""
+  rows, episode = [], None
+  for line in open(path, encoding="utf-8").read().splitlines():
+    if line.startswith("## problem "):
+      problem, traj = line.removeprefix("## problem ").split(", trajectory ")
+      episode = {"problem": problem, "trajectory": traj}
+    elif line.startswith("| ") and episode is not None and not line.startswith("| turn |"):
+      cells = re.split(r"(?<!\\)\|", line.strip())[1:-1]
+      values = [html.unescape(c[1:-1].replace("<br>", "\n").replace("\\|", "|"))
+                for c in cells]  # each cell is written as " text "
+      rows.append(dict(episode, **dict(zip(samples.COLUMNS[2:], values))))
+  return rows

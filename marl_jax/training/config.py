@@ -218,7 +218,7 @@ def build(c: ml_collections.ConfigDict) -> Built:
     raise ValueError(f"config.policy: {e}") from None
   checks.one_of(c.rollout.mode, rollout.MODES, "rollout.mode")
   checks.precision(c)
-  train = checks.settings(TrainSettings, c.train, "train")
+  train = checks.dataclass_of(TrainSettings, c.train, "train", field_first=True)
   checks.sft(c)
   init_from(c)
   if c.loss.kl_coef and layout.adapters and (c.sft.steps or c.init_from):

@@ -24,24 +24,17 @@ from marl_jax.training import refill
 from marl_jax.workflows.spec import WorkflowSpec
 
 
-def dataclass_of(cls, section_cfg: ml_collections.ConfigDict, name: str):
+def dataclass_of(cls, section_cfg: ml_collections.ConfigDict, name: str,
+                 field_first: bool = False):
+  """`cls(**section)` with its refusals naming the section: `config.<name>: <error>`, or for a
+  dataclass whose refusals name their field first (`field_first`, `TrainSettings`)
+  `config.<name>.<field>=...; expected ...`."""
   try:
     return cls(**section_cfg.to_dict())
   except TypeError as e:  # an unknown field in a config file
     raise ValueError(f"config.{name}: {e}") from None
   except ValueError as e:
-    raise ValueError(f"config.{name}: {e}") from None
-
-
-def settings(cls, section_cfg: ml_collections.ConfigDict, name: str):
-  """`cls(**section)` for a dataclass whose refusals name their field first (`TrainSettings`):
-  its ValueError becomes `config.<name>.<field>=...; expected ...`."""
-  try:
-    return cls(**section_cfg.to_dict())
-  except TypeError as e:  # an unknown field in a config file
-    raise ValueError(f"config.{name}: {e}") from None
-  except ValueError as e:
-    raise ValueError(f"config.{name}.{e}") from None
+    raise ValueError(f"config.{name}{'.' if field_first else ': '}{e}") from None
 
 
 def prefixed(rule, *args) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import html
 import os
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -124,22 +123,6 @@ def cell(value: Any) -> str:
     return f"{value:.6g}"
   text = html.escape(str(value), quote=False).replace("\\", "&#92;").replace("|", "\\|")
   return text.replace("\r\n", "\n").replace("\n", "<br>")
-
-
-def read_markdown(path: str | os.PathLike[str]) -> list[dict[str, str]]:
-  """The rows of a samples page as {column: text} (`COLUMNS`; cells unescaped, numbers and
-  yes/no as written), for scripts and tests."""
-  rows, episode = [], None
-  for line in open(path, encoding="utf-8").read().splitlines():
-    if line.startswith("## problem "):
-      problem, traj = line.removeprefix("## problem ").split(", trajectory ")
-      episode = {"problem": problem, "trajectory": traj}
-    elif line.startswith("| ") and episode is not None and not line.startswith("| turn |"):
-      cells = re.split(r"(?<!\\)\|", line.strip())[1:-1]
-      values = [html.unescape(c[1:-1].replace("<br>", "\n").replace("\\|", "|"))
-                for c in cells]  # each cell is written as " text "
-      rows.append(dict(episode, **dict(zip(COLUMNS[2:], values))))
-  return rows
 
 
 def markdown(rows: Sequence[Sequence[Any]], step: int) -> str:

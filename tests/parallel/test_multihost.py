@@ -398,8 +398,7 @@ def test_trainer_in_two_processes_matches_one_process_on_the_same_rollouts(tmp_p
   assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == STEPS
   # The samples page shows process 0's first episodes (problem 0) with the advantages of the
   # whole rollout: the one-process run over the union of the rollouts shows the same rows.
-  from marl_jax.training import samples  # pylint: disable=import-outside-toplevel
-  pages = [samples.read_markdown(tmp_path / run / "samples" / f"step{STEPS}.md")
+  pages = [toy_task.read_samples_page(tmp_path / run / "samples" / f"step{STEPS}.md")
            for run in ("run", "reference")]
   step_samples = runs[0]["rollouts"][STEPS - 1][1].samples
   assert [r["reply"] for r in pages[0]] == [s.generation.text for s in step_samples]

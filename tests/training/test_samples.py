@@ -106,7 +106,7 @@ def test_trainer_writes_the_samples_of_every_nth_step(model_dir, tmp_path, monke
   for s in [s for r in rollouts for s in r[0]]:
     assert len(s.generation.token_ids) <= {"first": 3, "second": 8}[s.agent]
   assert max(len(s.generation.token_ids) for s in step2 if s.agent == "second") > 3
-  rows = samples.read_markdown(tmp_path / "samples" / "step2.md")
+  rows = toy_task.read_samples_page(tmp_path / "samples" / "step2.md")
   assert [(r["problem"], r["trajectory"], r["agent"]) for r in rows] == [
       ("0", "0", "first"), ("0", "0", "second"), ("0", "1", "first"), ("0", "1", "second")]
   advantages = grpo(np.array([s.reward for s in step2]), np.array([s.problem_id for s in step2]))
