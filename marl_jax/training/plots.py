@@ -119,21 +119,10 @@ def learning_curve_figure(records: Sequence[Mapping[str, Any]],
 
 def _draw_panel(ax, panel: Panel, names: Sequence[str], records, pre_x: float | None,
                 last: int) -> None:
-  if pre_x is not None:
-    ax.axvspan(pre_x, 0, **_WARM)
-    ax.axvspan(0, max(last, 1), **_RL)
-    for x, text in ((pre_x, " warm-start"), (0, " RL")):
-      ax.text(x, 0.98, text, transform=ax.get_xaxis_transform(), ha="left", va="top",
-              fontsize=9, color="0.35")
+  _phases(ax, pre_x, last)
   all_positive = True
   for name in names:
-    steps, values = metric_series(records, name)
-    x = steps.astype(np.float64)
-    pretrained = PRETRAINED + name.split("/", 1)[1] if name.startswith("eval/") else None
-    if pre_x is not None and pretrained is not None:
-      _, before = metric_series(records, pretrained)
-      if len(before):
-        x, values = np.concatenate([[pre_x], x]), np.concatenate([before[:1], values])
+    x, values = _curve(records, name, pre_x)
     all_positive &= bool(np.all(values > 0))
     label = _label(panel, name)
     if len(x) == 1:  # a level over one step, labelled with its value: no lone dot
@@ -145,16 +134,92 @@ def _draw_panel(ax, panel: Panel, names: Sequence[str], records, pre_x: float | 
       ax.plot(x, values, marker="o" if len(x) <= 40 else None, markersize=3.5, linewidth=1.6,
               label=label)
   ax.set_title(panel.title, fontsize=11)
-  ax.set_xlabel("RL step")
-  if pre_x is not None:
-    ticks = [t for t in MaxNLocator(nbins=8, integer=True).tick_values(0, max(last, 1))
-             if 0 <= t <= max(last, 1)]
-    ax.set_xticks([pre_x] + ticks, ["pre-\ntrained"] + [f"{t:g}" for t in ticks])
-    ax.set_xlim(pre_x - 0.3, max(last, 1) + 0.6)
   if panel.log_scale and all_positive:
     ax.set_yscale("log")
-  ax.grid(alpha=0.3)
   ax.legend(fontsize=9, loc="best", framealpha=0.85)
+
+
+def _curve(records, name: str, pre_x: float | None) -> tuple[np.ndarray, np.ndarray]:
+  """(x, values) of metric `name`; an `eval/` metric starts at its pretrained value at `pre_x`
+  when the run logged one."""
+  steps, values = metric_series(records, name)
+  x = steps.astype(np.float64)
+  if pre_x is not None and name.startswith("eval/"):
+    _, before = metric_series(records, PRETRAINED + name.split("/", 1)[1])
+    if len(before):
+      x, values = np.concatenate([[pre_x], x]), np.concatenate([before[:1], values])
+  return x, values
+
+
+def _phases(ax, pre_x: float | None, last: int) -> None:
+  """The shared x axis: RL steps, and with a warm-start its band and the pretrained tick."""
+  ax.set_xlabel("RL step")
+  ax.grid(alpha=0.3)
+  if pre_x is None:
+    return
+  end = max(last, 1)
+  ax.axvspan(pre_x, 0, **_WARM)
+  ax.axvspan(0, end, **_RL)
+  for x, text in ((pre_x, " warm-start"), (0, " RL")):
+    ax.text(x, 0.98, text, transform=ax.get_xaxis_transform(), ha="left", va="top",
+            fontsize=9, color="0.35")
+  ticks = [t for t in MaxNLocator(nbins=8, integer=True).tick_values(0, end) if 0 <= t <= end]
+  ax.set_xticks([pre_x] + ticks, ["pre-\ntrained"] + [f"{t:g}" for t in ticks])
+  ax.set_xlim(pre_x - 0.3, end + 0.6)
+
+
+def plot_seed_curves(workdirs: Sequence[str | os.PathLike[str]], out_path: str | os.PathLike[str],
+                     metric: str = "eval/accuracy", title: str = "") -> Path:
+  """Writes `seed_curves_figure` of the runs in `workdirs` (one per seed, each labelled with its
+  folder's name) as a PNG."""
+  names = [Path(w).name for w in workdirs]
+  if len(set(names)) != len(names):
+    raise ValueError(f"workdirs {list(map(str, workdirs))} repeat a folder name; expected one "
+                     "distinctly named run per seed")
+  fig = seed_curves_figure({n: read_metrics(w) for n, w in zip(names, workdirs)}, metric, title)
+  out_path = Path(out_path)
+  out_path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(out_path, dpi=110)
+  return out_path
+
+
+def seed_curves_figure(runs: Mapping[str, Sequence[Mapping[str, Any]]],
+                       metric: str = "eval/accuracy", title: str = "") -> Figure:
+  """One metric of several seeds of a config: each seed's curve, and their mean +- standard
+  error (unbiased std / sqrt(seeds)) at the x positions every seed logged, so a claim's spread
+  is on the figure, not only in a table.
+
+  Raises:
+    ValueError: fewer than two runs, or a run that never logged `metric`.
+  """
+  if len(runs) < 2:
+    raise ValueError(f"seed_curves_figure needs at least two runs for a spread; got {len(runs)}")
+  last = max(int(r["step"]) for records in runs.values() for r in records)
+  warm = {_warm_start_steps(records) for records in runs.values()}
+  pre_x = -max(1.0, last / 6) if warm != {None} else None
+  curves = {}
+  for name, records in runs.items():
+    x, values = _curve(records, metric, pre_x)
+    if not len(x):
+      raise ValueError(f"run {name!r} never logged {metric!r}")
+    curves[name] = dict(zip(x.tolist(), values.tolist()))
+  fig = Figure(figsize=(7.0, 4.4), constrained_layout=True)
+  FigureCanvasAgg(fig)
+  ax = fig.subplots()
+  _phases(ax, pre_x, last)
+  for name, curve in curves.items():
+    ax.plot(list(curve), list(curve.values()), linewidth=1.0, alpha=0.55, marker="o",
+            markersize=2.5, label=name)
+  xs = sorted(set.intersection(*(set(c) for c in curves.values())))
+  table = np.array([[c[x] for x in xs] for c in curves.values()])  # [seeds, xs]
+  mean, se = table.mean(0), table.std(0, ddof=1) / math.sqrt(len(table))
+  ax.fill_between(xs, mean - se, mean + se, color="black", alpha=0.15, linewidth=0)
+  ax.plot(xs, mean, color="black", linewidth=2.4, marker="o", markersize=4,
+          label=f"mean +- SE ({len(table)} seeds)")
+  ax.set_ylabel(metric)
+  ax.legend(fontsize=9, loc="best", framealpha=0.85)
+  fig.suptitle(title or metric)
+  return fig
 
 
 def _label(panel: Panel, name: str) -> str:

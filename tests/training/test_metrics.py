@@ -237,3 +237,19 @@ def test_progress_bars_show_metrics_and_stay_silent_off_process_zero(capsys):
   quiet.update(3)
   quiet.close()
   assert "train" not in capsys.readouterr().err
+
+
+def test_seed_curves_show_each_seed_and_the_mean_with_its_standard_error():
+  runs = {f"s{i}": [{"step": 0, "pretrained/accuracy": 0.0, "eval/accuracy": 0.2 + 0.1 * i},
+                    {"step": 2, "eval/accuracy": 0.4 + 0.2 * i}] for i in range(3)}
+  fig = plots.seed_curves_figure(runs, title="3 seeds")
+  (ax,) = fig.axes
+  lines = {line.get_label(): line for line in ax.get_lines()}
+  x, mean = lines["mean +- SE (3 seeds)"].get_data()
+  assert x[0] < 0 and list(x[1:]) == [0, 2]  # pretrained, after the warm-start, after RL
+  np.testing.assert_allclose(mean, [0.0, 0.3, 0.6])
+  band = ax.collections[0].get_paths()[0].vertices
+  se_end = np.std([0.4, 0.6, 0.8], ddof=1) / np.sqrt(3)
+  np.testing.assert_allclose(band[:, 1].max(), 0.6 + se_end)
+  with pytest.raises(ValueError, match="at least two runs"):
+    plots.seed_curves_figure({"s0": runs["s0"]})
