@@ -169,14 +169,16 @@ def _phases(ax, pre_x: float | None, last: int) -> None:
 
 
 def plot_seed_curves(workdirs: Sequence[str | os.PathLike[str]], out_path: str | os.PathLike[str],
-                     metric: str = "eval/accuracy", title: str = "") -> Path:
+                     metric: str = "eval/accuracy", title: str = "",
+                     gain_from: int | None = None) -> Path:
   """Writes `seed_curves_figure` of the runs in `workdirs` (one per seed, each labelled with its
   folder's name) as a PNG."""
   names = [Path(w).name for w in workdirs]
   if len(set(names)) != len(names):
     raise ValueError(f"workdirs {list(map(str, workdirs))} repeat a folder name; expected one "
                      "distinctly named run per seed")
-  fig = seed_curves_figure({n: read_metrics(w) for n, w in zip(names, workdirs)}, metric, title)
+  fig = seed_curves_figure({n: read_metrics(w) for n, w in zip(names, workdirs)}, metric, title,
+                           gain_from)
   out_path = Path(out_path)
   out_path.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(out_path, dpi=110)
@@ -184,13 +186,16 @@ def plot_seed_curves(workdirs: Sequence[str | os.PathLike[str]], out_path: str |
 
 
 def seed_curves_figure(runs: Mapping[str, Sequence[Mapping[str, Any]]],
-                       metric: str = "eval/accuracy", title: str = "") -> Figure:
+                       metric: str = "eval/accuracy", title: str = "",
+                       gain_from: int | None = None) -> Figure:
   """One metric of several seeds of a config: each seed's curve, and their mean +- standard
   error (unbiased std / sqrt(seeds)) at the x positions every seed logged, so a claim's spread
-  is on the figure, not only in a table.
+  is on the figure, not only in a table. `gain_from=S` draws each seed's change since its own
+  value at RL step S instead (paired by seed, from S on): with S = 0 the RL steps' own gain over
+  the warm-start, whose SE is the claim's, free of how far each seed's warm-start got.
 
   Raises:
-    ValueError: fewer than two runs, or a run that never logged `metric`.
+    ValueError: fewer than two runs, or a run that never logged `metric` (at step `gain_from`).
   """
   if len(runs) < 2:
     raise ValueError(f"seed_curves_figure needs at least two runs for a spread; got {len(runs)}")
@@ -203,6 +208,12 @@ def seed_curves_figure(runs: Mapping[str, Sequence[Mapping[str, Any]]],
     if not len(x):
       raise ValueError(f"run {name!r} never logged {metric!r}")
     curves[name] = dict(zip(x.tolist(), values.tolist()))
+    if gain_from is not None:
+      if gain_from not in curves[name]:
+        raise ValueError(f"run {name!r} has no {metric!r} at step {gain_from} (gain_from); "
+                         f"it logged it at steps {sorted(curves[name])}")
+      base = curves[name][gain_from]
+      curves[name] = {x: v - base for x, v in curves[name].items() if x >= gain_from}
   fig = Figure(figsize=(7.0, 4.4), constrained_layout=True)
   FigureCanvasAgg(fig)
   ax = fig.subplots()
@@ -216,7 +227,11 @@ def seed_curves_figure(runs: Mapping[str, Sequence[Mapping[str, Any]]],
   ax.fill_between(xs, mean - se, mean + se, color="black", alpha=0.15, linewidth=0)
   ax.plot(xs, mean, color="black", linewidth=2.4, marker="o", markersize=4,
           label=f"mean +- SE ({len(table)} seeds)")
-  ax.set_ylabel(metric)
+  if gain_from is None:
+    ax.set_ylabel(metric)
+  else:
+    ax.axhline(0.0, color="gray", linewidth=0.8)
+    ax.set_ylabel(f"{metric} - its value at RL step {gain_from}")
   ax.legend(fontsize=9, loc="best", framealpha=0.85)
   fig.suptitle(title or metric)
   return fig

@@ -253,3 +253,22 @@ def test_seed_curves_show_each_seed_and_the_mean_with_its_standard_error():
   np.testing.assert_allclose(band[:, 1].max(), 0.6 + se_end)
   with pytest.raises(ValueError, match="at least two runs"):
     plots.seed_curves_figure({"s0": runs["s0"]})
+
+
+def test_seed_gain_curves_pair_each_seed_with_its_own_start():
+  """gain_from=0: each seed's change since its own value after the warm-start, so the SE is
+  that of the paired gains (0.2, 0.2, 0.5 here), not of the levels."""
+  ends = [0.4, 0.6, 1.1]
+  runs = {f"s{i}": [{"step": 0, "pretrained/accuracy": 0.0, "eval/accuracy": 0.2 + 0.2 * i},
+                    {"step": 2, "eval/accuracy": ends[i]}] for i in range(3)}
+  fig = plots.seed_curves_figure(runs, gain_from=0)
+  (ax,) = fig.axes
+  lines = {line.get_label(): line for line in ax.get_lines()}
+  x, mean = lines["mean +- SE (3 seeds)"].get_data()
+  gains = np.array(ends) - np.array([0.2, 0.4, 0.6])
+  assert list(x) == [0, 2]  # the pretrained point is before the gain's start: not drawn
+  np.testing.assert_allclose(mean, [0.0, gains.mean()])
+  band = ax.collections[0].get_paths()[0].vertices
+  np.testing.assert_allclose(band[:, 1].max(), gains.mean() + gains.std(ddof=1) / np.sqrt(3))
+  with pytest.raises(ValueError, match="at step 1"):
+    plots.seed_curves_figure(runs, gain_from=1)
