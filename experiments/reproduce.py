@@ -68,7 +68,8 @@ class Table:
   note: str = ""
 
 
-# The papers' datasets as files under --data_dir (paper scale); the README says how to prepare them.
+# The papers' datasets as files under --data_dir (paper scale); docs/configs.md says how to
+# prepare them.
 PAPER_DATA = {
     "polaris": "polaris_53k.parquet", "aime24": "aime24.jsonl", "aime25": "aime25.jsonl",
     "olympiadbench": "olympiadbench.jsonl", "code_train": "codecontests_apps_train.jsonl",

@@ -41,7 +41,7 @@ MAX_STEPS = 10_000
 # reward (`potential_term`). "paper": as the papers' code adds it to every move, undiscounted,
 # which a cycle earns: with phi <= 0 each move that stays, or goes and comes back, gains
 # (1 - gamma) * |phi| * lambda, so a 4x4 Plan-Path plan that oscillates its first move to the step
-# cap outscores the optimal plan (README "Fidelity"). "discounted": the term of move t (t counted
+# cap outscores the optimal plan (docs/fidelity.md). "discounted": the term of move t (t counted
 # over the episode) is weighted by gamma^t, so the shaping of any move sequence telescopes to
 # lambda * (gamma^T phi(s_T) - phi(s_0)) (Ng et al. 1999): no cycle pays, and the most the
 # shaping can give is lambda * |phi(s_0)|, which reaching the goal at once earns (phi(goal) = 0).

@@ -7,13 +7,13 @@
                  reply, the tool program's output and each other's answers. It runs in a worker
                  process (`verify_worker.py`) under hard bounds, below.
 
-Which paper grades how (read from the public code, RESULTS.md "Graders"): AT-GRPO (PettingLLMs)
-with math-verify, so `configs/atgrpo_math.py` sets `env.kwargs.grader='math_verify'` for every
-row of its table. Dr. MAS's math env does *not* use math-verify: it grades with DeepScaleR's
-checker (`grade_answer_mathd or grade_answer_sympy`: Hendrycks' string normalisation, then sympy
-on `parse_expr`, which evaluates Python), the same kind of checker as 'builtin', so the Dr. MAS,
-MARFT and orchestration configs keep 'builtin' (the env default). Either grader can be chosen
-for any math workflow with `--config.env.kwargs.grader=NAME`.
+Which paper grades how (read from the public code, docs/experiments/ecosystem.md): AT-GRPO
+(PettingLLMs) with math-verify, so `configs/atgrpo_math.py` sets `env.kwargs.grader='math_verify'`
+for every row of its table. Dr. MAS's math env does *not* use math-verify: it grades with
+DeepScaleR's checker (`grade_answer_mathd or grade_answer_sympy`: Hendrycks' string normalisation,
+then sympy on `parse_expr`, which evaluates Python), the same kind of checker as 'builtin', so the
+Dr. MAS, MARFT and orchestration configs keep 'builtin' (the env default). Either grader can be
+chosen for any math workflow with `--config.env.kwargs.grader=NAME`.
 
 Both graders compare *extracted* answers (`answers.last_boxed`, `answers.program_answer`): the
 extraction, and so the format penalty, is the same under either. math-verify is handed each answer
