@@ -16,6 +16,22 @@ Data: generated arithmetic word problems unless a local file is given, e.g. the 
 dapo_filter set: `--config.env.kwargs.path=dapo_filter.parquet --config.env.kwargs.fmt=plain`;
 problem seed s is row s % rows. `cpu`: the embedded SmolLM2-135M, 2 generated problems x 2
 trajectories, 48-token replies, 2 steps, evaluation pass@2 on 2 problems at the end.
+
+Schedules of the cpu run (a third preset option, default `smoke`):
+  smoke  the sizes above: every stage end to end in a few minutes.
+  rl     the README's main job, where the RL steps themselves lift the team past its warm-start
+         (RESULTS.md, row 1): one-operation problems (`env.kwargs.level=one_step`); a 3-step
+         warm-start (8 problems per step, lr 1e-4) that teaches both roles the protocol and
+         leaves the solver's sampled arithmetic wrong about half the time; then 8 Dr. MAS steps
+         of 4 problems x K = 4 at lr 2e-5 (at 5e-5 the Plan-Path team collapsed:
+         docs/experiments/atgrpo_plan_path.md)
+         with DAPO dynamic sampling (groups without reward variance dropped, one refill of
+         fresh problems); held-out success on 32 problems x 2 samples at the paper's T = 0.6,
+         top-p 0.95, before and after the warm-start and every 2 RL steps. 32-token replies
+         (a one-operation answer and a verdict take 15-30). Old log-probs are the sampler's:
+         on the CPU the sampler and the learner compute in fp32 from the same weights (their
+         approximate KL was below 1e-8 at every step), so recomputing them would spend a
+         forward pass on the same numbers. Checkpoints at steps 0, 4 and 8.
 """
 
 from __future__ import annotations
@@ -23,19 +39,38 @@ from __future__ import annotations
 from configs import common
 
 MODELS = common.MODELS + ("hetero",)
+SCHEDULES = ("smoke", "rl")
 # hetero: one model per agent in agent order (config.policy.kind 'mapped').
 HETERO = ("qwen3-4b", "llama-3.2-3b")
 
 
 def get_config(preset: str | None = None):
   choice, cpu = common.parse_preset(preset, {"estimator": common.DRMAS_ESTIMATORS,
-                                             "models": MODELS})
+                                             "models": MODELS, "schedule": SCHEDULES})
   c = common.drmas_config("math", choice["estimator"], model="qwen3-4b", max_turns=2,
                           questions=32, k=8, entropy_coef=0.0)
   c.name += f"_{choice['models']}"
   common.apply_team(c, choice["models"], HETERO)
   common.data_fields(c, **common.MATH_DATA)
+  if choice["schedule"] != "smoke" and not cpu:
+    raise ValueError(f"config preset {preset!r}: the {choice['schedule']!r} schedule is a cpu "
+                     "schedule; add 'cpu'")
+  if choice["schedule"] == "rl" and choice["estimator"] != "drmas":
+    raise ValueError(f"config preset {preset!r}: the 'rl' schedule's dynamic sampling filters "
+                     "(question, agent) groups, which the 'grpo' baseline (traj_grpo) does not "
+                     "have; use 'drmas'")
   if cpu:
     common.cpu_preset(c)
     c.eval.k = 2
+  if choice["schedule"] == "rl":
+    c.name += "_rl"
+    c.env.kwargs.level = "one_step"
+    c.sampling.max_new_tokens = 32
+    c.sft.steps, c.sft.problems_per_step, c.sft.lr = 3, 8, 1e-4
+    c.rollout.problems_per_step, c.rollout.k = 4, 4
+    c.algo.filter, c.rollout.max_refills = "zero_variance", 1
+    c.optim.lr = 2e-5
+    c.train.steps, c.train.recompute_old_logp = 8, False
+    c.eval.every, c.eval.num_problems, c.eval.at_start = 2, 32, True
+    c.checkpoint.every_steps = 4
   return c

@@ -45,8 +45,11 @@ def _module(name: str):
 AXES = {
     "atgrpo_math": {"variant": atgrpo_games.TASK_VARIANTS},
     "atgrpo_code": {"variant": atgrpo_games.TASK_VARIANTS},
-    **{name: {"estimator": common.DRMAS_ESTIMATORS, "models": _module(name).MODELS}
-       for name in ("drmas_math", "drmas_search")},
+    "drmas_search": {"estimator": common.DRMAS_ESTIMATORS,
+                     "models": _module("drmas_search").MODELS},
+    # drmas_math's cpu run also has a schedule: the smoke sizes or the README's main job (cpu).
+    "drmas_math": {"estimator": common.DRMAS_ESTIMATORS, "models": _module("drmas_math").MODELS,
+                   "schedule": _module("drmas_math").SCHEDULES},
     **{name: {"estimator": common.MAGRPO_ESTIMATORS, "models": _module(name).MODELS}
        for name in ("magrpo_tldr", "magrpo_arxiv", "magrpo_humaneval")},
     "orchestration_stop": {"models": common.MODELS, "review": orchestration_stop.REVIEWS},
@@ -66,7 +69,7 @@ def _presets():
   for name, axes in {**AXES, **GAME_AXES}.items():
     for options in itertools.product(*axes.values()):
       for cpu in ((), ("cpu",)):
-        if cpu or "rl" not in options:
+        if (cpu or "rl" not in options) and not {"grpo", "rl"} <= set(options):
           yield name, ",".join(options + cpu)
 
 
@@ -101,11 +104,18 @@ def test_every_preset_builds(name, preset):
       # main: one RL step (the README's job); rl: 8 steps at lr 2e-5, evaluated every 4
       assert (c.train.steps, c.eval.every, c.optim.lr) == ((8, 4, 2e-5) if rl else (1, 2, 1e-5))
       assert c.name.endswith("_rl") == rl
+    elif rl:  # drmas_math's main job: one-operation problems, a warm-start, then 8 RL steps
+      assert c.env.kwargs.level == "one_step" and c.sampling.max_new_tokens == 32
+      assert (c.sft.steps, c.sft.problems_per_step, c.sft.lr) == (3, 8, 1e-4)
+      assert (c.algo.filter, c.rollout.max_refills, c.optim.lr) == ("zero_variance", 1, 2e-5)
+      assert (c.train.steps, c.eval.every, c.eval.num_problems, c.eval.k) == (8, 2, 32, 2)
+      assert c.eval.at_start and not c.train.recompute_old_logp
+      assert c.name.endswith("_rl")
     else:
       assert 32 <= c.sampling.max_new_tokens <= 64 and c.sft.steps == 0
       assert c.eval.num_problems <= 4 and not c.eval.at_start and c.eval.every == 2
       assert c.train.steps == 2
-    assert c.train.remat and c.checkpoint.every_steps == 1
+    assert c.train.remat and c.checkpoint.every_steps == (4 if rl and name == "drmas_math" else 1)
     assert c.train.share_prompts and c.train.logits_chunk == 32
     assert c.env.kwargs.get("path") is None and c.env.kwargs.get("corpus_path") is None
 
@@ -206,6 +216,9 @@ def test_variants(name, preset, want):
     ("atgrpo_sudoku", "mas_shared,single", "a second variant"),
     ("atgrpo_plan_path", "cpu,gpu", "unknown option 'gpu'"),
     ("atgrpo_plan_path", "mas_grpo,rl", "the 'rl' schedule is a cpu schedule; add 'cpu'"),
+    ("drmas_math", "drmas,rl", "the 'rl' schedule is a cpu schedule; add 'cpu'"),
+    ("drmas_math", "grpo,rl,cpu", "the 'grpo' baseline .traj_grpo. does not have; use 'drmas'"),
+    ("drmas_search", "drmas,rl,cpu", "unknown option 'rl'"),
     ("atgrpo_sokoban", "mas_shared,cpu,rl", "unknown option 'rl'"),
 ])
 def test_bad_presets_name_the_options(name, preset, message):
