@@ -67,7 +67,7 @@ def game_config(env_name: str, env_kwargs: dict, max_turns: int, variant: str,
   c.train.eval_only = variant in EVAL_ONLY
   if variant == "mas_grpo":
     c.algo.estimator, c.rollout.mode = "grpo", "independent"
-  if cpu:  # README's main job: about 10 minutes on a 2-core CPU
+  if cpu:  # the game table's cpu cells (Plan-Path's was the README's main job until issue 39)
     cpu_preset(c)
     c.sampling.max_new_tokens = 64  # the games keep their own two values; task_config resets them
     c.eval.num_problems = 4

@@ -1,14 +1,14 @@
 """AT-GRPO Plan-Path: 10x10 grid, 22% blocked cells (docs/papers.md section 1). Variants and the
 `cpu` preset: see configs/atgrpo_games.py.
 
-The cpu preset (the README's main job) is a CPU-sized variant: a 4x4 grid, one turn per episode,
-compact prompts (the plan agent sees the tool's output, not its program), and a supervised
-warm-start before RL (`training/sft.py`): each role first learns its part of the protocol from
-the env's demonstrations (the tool agent a BFS program over the grid, the plan agent the checked
-answer), so that RL starts from replies that parse; then one AT-GRPO step.
+The cpu preset (the README's main job until issue 39) is a CPU-sized variant: a 4x4 grid, one
+turn per episode, compact prompts (the plan agent sees the tool's output, not its program), and a
+supervised warm-start before RL (`training/sft.py`): each role first learns its part of the
+protocol from the env's demonstrations (the tool agent a BFS program over the grid, the plan agent
+the checked answer), so that RL starts from replies that parse; then one AT-GRPO step.
 
 Schedules of the cpu run (a second preset option, default `main`):
-  main  the README's main job: 8 warm-start steps, then one RL step. The warm-started team is
+  main  the main job until issue 39: 8 warm-start steps, then one RL step. The warm-started team is
         nearly deterministic (token entropy 0.006-0.04), so its RL step has no within-group
         variance and a zero gradient (RESULTS.md).
   rl    the RL comparison of the game table's rows: 4 warm-start steps, which leave the team's

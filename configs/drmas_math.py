@@ -19,19 +19,20 @@ trajectories, 48-token replies, 2 steps, evaluation pass@2 on 2 problems at the 
 
 Schedules of the cpu run (a third preset option, default `smoke`):
   smoke  the sizes above: every stage end to end in a few minutes.
-  rl     the README's main job, where the RL steps themselves lift the team past its warm-start
-         (RESULTS.md, row 1): one-operation problems (`env.kwargs.level=one_step`); a 3-step
+  rl     the README's main job, sized so that its RL steps themselves could lift the team past
+         its warm-start in 15 minutes on 2 cores (RESULTS.md, row 1: over 3 seeds not yet
+         beyond noise): one-operation problems (`env.kwargs.level=one_step`); a 3-step
          warm-start (8 problems per step, lr 1e-4) that teaches both roles the protocol and
          leaves the solver's sampled arithmetic wrong about half the time; then 8 Dr. MAS steps
          of 4 problems x K = 4 at lr 2e-5 (at 5e-5 the Plan-Path team collapsed:
-         docs/experiments/atgrpo_plan_path.md)
-         with DAPO dynamic sampling (groups without reward variance dropped, one refill of
-         fresh problems); held-out success on 32 problems x 2 samples at the paper's T = 0.6,
-         top-p 0.95, before and after the warm-start and every 2 RL steps. 32-token replies
-         (a one-operation answer and a verdict take 15-30). Old log-probs are the sampler's:
-         on the CPU the sampler and the learner compute in fp32 from the same weights (their
-         approximate KL was below 1e-8 at every step), so recomputing them would spend a
-         forward pass on the same numbers. Checkpoints at steps 0, 4 and 8.
+         docs/experiments/atgrpo_plan_path.md) with DAPO dynamic sampling (groups without
+         reward variance dropped, one refill of fresh problems); held-out success on 32
+         problems x 2 samples at the paper's T = 0.6, top-p 0.95, before and after the
+         warm-start and every 2 RL steps. 32-token replies (a one-operation answer and a
+         verdict take 15-30). Old log-probs are the sampler's: on the CPU the sampler and the
+         learner compute in fp32 from the same weights (their approximate KL was below 1e-8 at
+         every step), so recomputing them would spend a forward pass on the same numbers.
+         Checkpoints at steps 0, 4 and 8.
 """
 
 from __future__ import annotations

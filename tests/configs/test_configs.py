@@ -60,7 +60,7 @@ FILES = tuple(AXES)
 # The AT-GRPO game files share the game table's axis (the plan_path cpu run: tests/training).
 GAME_AXES = {f"atgrpo_{game}": {"variant": atgrpo_games.VARIANTS}
              for game in ("sokoban", "sudoku")}
-# Plan-Path's cpu run also has a schedule: the main job, or the RL comparison (cpu only).
+# Plan-Path's cpu run also has a schedule: the former main job, or the RL comparison (cpu only).
 GAME_AXES["atgrpo_plan_path"] = {"variant": atgrpo_games.VARIANTS,
                                  "schedule": atgrpo_plan_path.SCHEDULES}
 
@@ -101,7 +101,7 @@ def test_every_preset_builds(name, preset):
       lr = 3e-3 if c.policy.kind == "lora" else 3e-4  # adapters warm-start at 10x
       assert (c.sft.steps, c.sft.problems_per_step, c.sft.lr) == ((4 if rl else 8), 4, lr)
       assert c.eval.num_problems == 16 and c.eval.at_start
-      # main: one RL step (the README's job); rl: 8 steps at lr 2e-5, evaluated every 4
+      # main: one RL step (the main job until issue 39); rl: 8 steps at lr 2e-5, evaluated every 4
       assert (c.train.steps, c.eval.every, c.optim.lr) == ((8, 4, 2e-5) if rl else (1, 2, 1e-5))
       assert c.name.endswith("_rl") == rl
     elif rl:  # drmas_math's main job: one-operation problems, a warm-start, then 8 RL steps
