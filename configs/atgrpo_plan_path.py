@@ -18,7 +18,7 @@ Schedules of the cpu run (a second preset option, default `main`):
 """
 
 from configs.atgrpo_games import VARIANTS, game_config
-from configs.common import parse_preset
+from configs.common import cpu_only_schedule, parse_preset
 
 SCHEDULES = ("main", "rl")
 
@@ -26,10 +26,8 @@ SCHEDULES = ("main", "rl")
 def get_config(preset: str | None = None):
   choice, cpu = parse_preset(preset, {"variant": VARIANTS, "schedule": SCHEDULES})
   variant, schedule = choice["variant"], choice["schedule"]
+  cpu_only_schedule(preset, schedule, SCHEDULES, cpu)
   if not cpu:
-    if schedule != "main":
-      raise ValueError(f"config preset {preset!r}: the {schedule!r} schedule is a cpu schedule; "
-                       "add 'cpu'")
     return game_config("plan_path", dict(height=10, width=10, block_ratio=0.22), 4, variant, cpu)
   c = game_config("plan_path", dict(height=4, width=4, prompt="compact"), 1, variant, cpu)
   c.sampling.max_new_tokens = 256  # the tool agent's search program is about 240 tokens

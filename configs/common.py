@@ -36,6 +36,15 @@ def parse_preset(preset: str | None,
   return {name: chosen.get(name, options[0]) for name, options in axes.items()}, "cpu" in parts
 
 
+def cpu_only_schedule(preset: str | None, schedule: str, schedules: tuple[str, ...],
+                      cpu: bool) -> None:
+  """Refuses a schedule other than the default (`schedules[0]`) without `cpu`: the others are
+  sized for the embedded model on a 2-core machine."""
+  if schedule != schedules[0] and not cpu:
+    raise ValueError(f"config preset {preset!r}: the {schedule!r} schedule is a cpu schedule; "
+                     "add 'cpu'")
+
+
 def apply_models(c: ml_collections.ConfigDict, models: str) -> None:
   """Sets config.policy for one of MODELS."""
   if models not in MODELS:

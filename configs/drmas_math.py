@@ -32,7 +32,8 @@ Schedules of the cpu run (a third preset option, default `smoke`):
          verdict take 15-30). Old log-probs are the sampler's: on the CPU the sampler and the
          learner compute in fp32 from the same weights (their approximate KL was below 1e-8 at
          every step), so recomputing them would spend a forward pass on the same numbers.
-         Checkpoints at steps 0, 4 and 8.
+         Checkpoints at steps 0, 4 and 8. With `grpo` the run is refused when the config is
+         built: the dynamic-sampling filter does not apply to traj_grpo's groups.
 """
 
 from __future__ import annotations
@@ -53,13 +54,7 @@ def get_config(preset: str | None = None):
   c.name += f"_{choice['models']}"
   common.apply_team(c, choice["models"], HETERO)
   common.data_fields(c, **common.MATH_DATA)
-  if choice["schedule"] != "smoke" and not cpu:
-    raise ValueError(f"config preset {preset!r}: the {choice['schedule']!r} schedule is a cpu "
-                     "schedule; add 'cpu'")
-  if choice["schedule"] == "rl" and choice["estimator"] != "drmas":
-    raise ValueError(f"config preset {preset!r}: the 'rl' schedule's dynamic sampling filters "
-                     "(question, agent) groups, which the 'grpo' baseline (traj_grpo) does not "
-                     "have; use 'drmas'")
+  common.cpu_only_schedule(preset, choice["schedule"], SCHEDULES, cpu)
   if cpu:
     common.cpu_preset(c)
     c.eval.k = 2

@@ -217,13 +217,19 @@ def test_variants(name, preset, want):
     ("atgrpo_plan_path", "cpu,gpu", "unknown option 'gpu'"),
     ("atgrpo_plan_path", "mas_grpo,rl", "the 'rl' schedule is a cpu schedule; add 'cpu'"),
     ("drmas_math", "drmas,rl", "the 'rl' schedule is a cpu schedule; add 'cpu'"),
-    ("drmas_math", "grpo,rl,cpu", "the 'grpo' baseline .traj_grpo. does not have; use 'drmas'"),
     ("drmas_search", "drmas,rl,cpu", "unknown option 'rl'"),
     ("atgrpo_sokoban", "mas_shared,cpu,rl", "unknown option 'rl'"),
 ])
 def test_bad_presets_name_the_options(name, preset, message):
   with pytest.raises(ValueError, match=message):
     _config(name, preset)
+
+
+def test_the_main_jobs_dynamic_sampling_refuses_the_grpo_baseline():
+  """drmas_math's `rl` schedule filters zero-variance groups, which traj_grpo does not have:
+  config.build refuses it in one line, before any compute."""
+  with pytest.raises(ValueError, match="filter 'zero_variance' applies to .* not 'traj_grpo'"):
+    config_lib.build(_config("drmas_math", "grpo,rl,cpu"))
 
 
 @pytest.mark.parametrize("preset, estimator, ratio_level", [
