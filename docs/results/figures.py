@@ -6,17 +6,18 @@ sqrt(seeds)), so a claim's spread is visible at a glance. The main job's figures
 runs' metrics instead (`marl_jax.training.plots.plot_seed_curves`, command in
 docs/experiments/main_job.md).
 
-    python docs/results/figures.py    # rewrites the PNGs beside this file
+    python -m docs.results.figures    # from the repository root: rewrites the PNGs beside this file
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 import numpy as np
+
+from marl_jax.training.plots import mean_se
 
 HERE = Path(__file__).parent
 
@@ -87,18 +88,12 @@ CURVES = {
 }
 
 
-def _mean_se(values) -> tuple[np.ndarray, np.ndarray]:
-  a = np.asarray(values, dtype=float)
-  se = a.std(0, ddof=1) / math.sqrt(len(a)) if len(a) > 1 else np.zeros(a.shape[1:])
-  return a.mean(0), se
-
-
 def points_figure(title: str, ylabel: str, groups: dict[str, list[float]]) -> Figure:
   fig = Figure(figsize=(1.3 + 1.25 * len(groups), 3.8), constrained_layout=True)
   FigureCanvasAgg(fig)
   ax = fig.subplots()
   for i, values in enumerate(groups.values()):
-    mean, se = _mean_se(values)
+    mean, se = mean_se(values)
     ax.scatter(i + np.linspace(-0.12, 0.12, len(values)), values, s=18, color="tab:blue",
                alpha=0.6, zorder=3)
     ax.errorbar(i, mean, yerr=se, fmt="_", markersize=22, color="black", capsize=6, zorder=4)
@@ -118,7 +113,7 @@ def curves_figure(title: str, ylabel: str, xs: list[str],
     for curve in curves:
       ax.plot(range(len(xs)), curve, color=color, alpha=0.35, linewidth=1, marker="o",
               markersize=3)
-    mean, se = _mean_se(curves)
+    mean, se = mean_se(curves)
     ax.fill_between(range(len(xs)), mean - se, mean + se, color=color, alpha=0.15, linewidth=0)
     ax.plot(range(len(xs)), mean, color=color, linewidth=2.4, marker="o",
             label=f"{name}: mean +- SE" if len(curves) > 1 else name)

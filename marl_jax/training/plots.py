@@ -222,11 +222,10 @@ def seed_curves_figure(runs: Mapping[str, Sequence[Mapping[str, Any]]],
     ax.plot(list(curve), list(curve.values()), linewidth=1.0, alpha=0.55, marker="o",
             markersize=2.5, label=name)
   xs = sorted(set.intersection(*(set(c) for c in curves.values())))
-  table = np.array([[c[x] for x in xs] for c in curves.values()])  # [seeds, xs]
-  mean, se = table.mean(0), table.std(0, ddof=1) / math.sqrt(len(table))
+  mean, se = mean_se([[c[x] for x in xs] for c in curves.values()])
   ax.fill_between(xs, mean - se, mean + se, color="black", alpha=0.15, linewidth=0)
   ax.plot(xs, mean, color="black", linewidth=2.4, marker="o", markersize=4,
-          label=f"mean +- SE ({len(table)} seeds)")
+          label=f"mean +- SE ({len(curves)} seeds)")
   if gain_from is None:
     ax.set_ylabel(metric)
   else:
@@ -235,6 +234,14 @@ def seed_curves_figure(runs: Mapping[str, Sequence[Mapping[str, Any]]],
   ax.legend(fontsize=9, loc="best", framealpha=0.85)
   fig.suptitle(title or metric)
   return fig
+
+
+def mean_se(values) -> tuple[np.ndarray, np.ndarray]:
+  """Mean and standard error over axis 0 (seeds): the unbiased std / sqrt(seeds), the spread
+  RESULTS.md states for every claim; a single seed has no spread (SE 0)."""
+  a = np.asarray(values, dtype=np.float64)
+  se = a.std(0, ddof=1) / math.sqrt(len(a)) if len(a) > 1 else np.zeros(a.shape[1:])
+  return a.mean(0), se
 
 
 def _label(panel: Panel, name: str) -> str:
