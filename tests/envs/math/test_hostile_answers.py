@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 
 import pytest
@@ -60,6 +61,29 @@ def test_time_budget_counts_this_threads_work_not_waiting(monkeypatch):
   start = time.monotonic()
   assert math_answers.is_equiv("x^2+2x+1", "(x+1)^2")
   assert time.monotonic() - start > 0.2  # over the budget in wall-clock time
+
+
+def _spending(normalize, seconds, work):
+  """`normalize` after `work()` has run until this thread spent `seconds` of CPU on it."""
+  def spend(s):
+    start = time.thread_time()
+    while time.thread_time() - start < seconds:
+      work()
+    return normalize(s)
+  return spend
+
+
+def test_time_budget_leaves_out_garbage_collection(monkeypatch):
+  """A collection that starts inside a check walks the whole process's heap; its CPU time is not
+  the check's. The same CPU time spent on the check's own thread's other work runs the budget
+  out, so the budget is still counted."""
+  monkeypatch.setattr(math_answers, "CHECK_BUDGET_S", 0.2)
+  normalize = math_answers.normalize
+  monkeypatch.setattr(math_answers, "normalize", _spending(normalize, 0.3, gc.collect))
+  assert math_answers.is_equiv("x^2+2x+1", "(x+1)^2")
+  busy = _spending(normalize, 0.3, lambda: sum(range(1000)))
+  monkeypatch.setattr(math_answers, "normalize", busy)
+  assert not math_answers.is_equiv("x^2+2x+1", "(x+1)^2")
 
 
 @pytest.mark.parametrize("pred, gold", [
