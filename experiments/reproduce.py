@@ -280,11 +280,12 @@ def _module(config: str):
 
 def _check_presets(columns: tuple[Column, ...], rows: tuple[str, ...],
                    options: tuple[str, ...]) -> None:
-  """Every cell's cpu preset exists (before any cell runs)."""
+  """Every cell's cpu preset exists and its config builds (before any cell runs)."""
+  from marl_jax.training import config as config_lib
   for column in columns:
     for row in rows:
       try:
-        _module(column.config).get_config(cpu_preset(row, options))
+        config_lib.build(_module(column.config).get_config(cpu_preset(row, options)))
       except ValueError as e:
         raise UserInputError(f"--options={','.join(options)}: configs/{column.config}.py: "
                              f"{e}") from None

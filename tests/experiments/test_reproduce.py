@@ -124,6 +124,9 @@ def test_bad_flags_are_one_line(tmp_path):
   error_line(run("reproduce", f"--root={tmp_path}", "--games=sokoban", "--options=rl"),
              "--options=rl: configs/atgrpo_sokoban.py: config preset 'single,cpu,rl': unknown "
              "option 'rl'")
+  error_line(run("reproduce", "--table=drmas", f"--root={tmp_path}", "--columns=math avg@2",
+                 "--options=rl"),
+             "--options=rl: configs/drmas_math.py: config.algo: filter 'zero_variance' applies to")
   error_line(run("reproduce", f"--root={tmp_path}", "--scale=paper", "--options=rl"),
              "--options=rl applies to --scale=cpu only")
   assert not any(tmp_path.iterdir())  # refused before any cell ran
