@@ -13,6 +13,7 @@ import pytest
 
 import toy_task
 from marl_jax.algos import logprobs
+from marl_jax.traces import store
 from marl_jax.training import config as config_lib
 from marl_jax.training import trainer
 from marl_jax.training.metrics import read_metrics
@@ -203,3 +204,22 @@ def test_shared_prompts_train_like_unshared(model_dir, tmp_path, monkeypatch):
   for key, value in want[1].items():
     if key.startswith("train/"):
       np.testing.assert_allclose(got[1][key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def _eval_texts(run, step):
+  """The texts (prompts and replies) of `run`'s evaluation at `step`: {content hash: text}."""
+  run.evaluate(step)
+  return store.read_content(os.path.join(run.workdir, "traces", f"eval_step{step}.jsonl"))
+
+
+def test_evaluations_share_one_key_stream(model_dir, tmp_path):
+  """Every evaluation of a run draws with the same keys (common random numbers), so two
+  evaluations of the same params at different steps sample the same replies, and a curve's
+  step-to-step difference is the policy's. The draw is a real sample: another seed's differs."""
+  c = toy_task.toy_config(model_dir, steps=1)
+  c.eval.temperature, c.eval.k = 1.0, 2
+  run = trainer.Run(c, str(tmp_path / "seed0"), trains=False)
+  at_0, at_3 = _eval_texts(run, 0), _eval_texts(run, 3)
+  assert at_0 and at_0 == at_3
+  c.seed = 1
+  assert _eval_texts(trainer.Run(c, str(tmp_path / "seed1"), trains=False), 0) != at_0
