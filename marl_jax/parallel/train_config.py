@@ -43,6 +43,10 @@ class TrainSettings:
     remat: recompute each layer in the backward pass instead of keeping its activations.
     agents: comma-separated agents RL trains ("" = all); the others still count in their
       groups' statistics but carry no token into any loss (`trainer.trained_samples`).
+    overlong_filter: DAPO's overlong filtering: a reply cut off by the token budget (finish
+      reason "length") still counts in its group's statistics but carries no token into any
+      loss (`trainer.trained_samples`), so a truncated reply's reward, which says little about
+      the reply, neither reinforces nor punishes running on past the budget.
     logits_chunk: response positions per LM-head slice in every learner forward (the [B, R, V]
       fp32 logits exist one slice at a time); None: whole.
     share_prompts: each distinct prompt of a batch runs once in the learner, its keys/values
@@ -66,6 +70,7 @@ class TrainSettings:
   micro_batches: int = 1
   remat: bool = False
   agents: str = ""
+  overlong_filter: bool = False
   logits_chunk: int | None = None
   share_prompts: bool = False
   mesh: tuple[int, ...] = (-1, 1, 1)
@@ -88,7 +93,7 @@ class TrainSettings:
       if value is not None and not _int(value, 1):
         raise ValueError(f"{name}={value!r}; expected an integer >= 1 or None")
     for name in ("remat", "share_prompts", "eval_only", "recompute_old_logp",
-                 "agent_grad_norms"):
+                 "agent_grad_norms", "overlong_filter"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"{name}={getattr(self, name)!r}; expected a bool")
     if not isinstance(self.agents, str):

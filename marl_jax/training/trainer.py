@@ -261,7 +261,7 @@ class Run:
     start = time.monotonic()
     samples, result, refill_metrics = self.rollout()
     rollout_s = time.monotonic() - start
-    samples = trained_samples(samples, self.trained_agents)
+    samples = trained_samples(samples, self.trained_agents, self.c.train.overlong_filter)
     batch = self.batch(samples, self.shape)
     capture = (samples_lib.Capture(self.policy, samples, self.c.logging.samples_episodes)
                if samples_lib.due(self.c.logging, step + 1) else None)  # step + 1: as logged
@@ -377,13 +377,21 @@ class Run:
         batch, self.mesh, layouts.batch_spec(self.policy, mesh_lib.BATCH_AXES))
 
 
-def trained_samples(samples: list[Sample], agents: frozenset[str]) -> list[Sample]:
-  """The rollout's samples as RL trains on them (`config.train.agents`). An untrained agent's
-  sample keeps its reward and ids, so it still counts in its group's advantage statistics and
-  the trained agents' advantages are those of a run that trains everyone; it is marked
-  `trained=False`, so its tokens are masked out of every loss term (`algos/batch.py`), and the
-  updates leave its row out (`update.trained_rows`)."""
-  return [s if s.agent in agents else dataclasses.replace(s, trained=False) for s in samples]
+def trained_samples(samples: list[Sample], agents: frozenset[str], overlong_filter: bool = False
+                    ) -> list[Sample]:
+  """The rollout's samples as RL trains on them: those of `agents` (`config.train.agents`),
+  less, with `overlong_filter` (`config.train.overlong_filter`), the replies the token budget cut
+  off. A sample left out keeps its reward and ids, so it still counts in its group's advantage
+  statistics and the others' advantages are those of a run that trains on everything; it is
+  marked `trained=False`, so its tokens are masked out of every loss term (`algos/batch.py`),
+  and the updates leave its row out (`update.trained_rows`)."""
+  return [s if s.agent in agents and not (overlong_filter and _truncated(s))
+          else dataclasses.replace(s, trained=False) for s in samples]
+
+
+def _truncated(sample: Sample) -> bool:
+  """Whether the token budget ended the sample's reply (the sampler's finish reason)."""
+  return sample.generation.finish_reason == "length"
 
 
 def _rollout_metrics(result, agents) -> dict[str, float]:
@@ -396,6 +404,7 @@ def _rollout_metrics(result, agents) -> dict[str, float]:
   parts["safety_event_rate"] = (float(result.safety_events), len(result.samples))
   parts["response_tokens"] = multihost.sum_count([len(s.generation.token_ids)
                                                   for s in result.samples])
+  parts["truncated"] = multihost.sum_count([_truncated(s) for s in result.samples])
   return {f"rollout/{k}": v for k, v in multihost.global_means(parts).items()}
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
@@ -17,6 +18,7 @@ from marl_jax.traces import store
 from marl_jax.training import config as config_lib
 from marl_jax.training import trainer
 from marl_jax.training.metrics import read_metrics
+from marl_jax.workflows.rollout import Generation, Sample
 
 pytestmark = pytest.mark.usefixtures("shared_compiles")  # conftest
 
@@ -223,3 +225,45 @@ def test_evaluations_share_one_key_stream(model_dir, tmp_path):
   assert at_0 and at_0 == at_3
   c.seed = 1
   assert _eval_texts(trainer.Run(c, str(tmp_path / "seed1"), trains=False), 0) != at_0
+
+
+def _sample(agent, finish_reason):
+  return Sample(problem_id=0, traj_id=0, turn=0, agent=agent, agent_id=0, policy_id=0, branch=0,
+                parent=-1, messages=[], generation=Generation("reply", (1,), (2, 3), (-0.5, -0.5),
+                                                               finish_reason), reward=1.0)
+
+
+def test_overlong_filter_masks_truncated_replies_only():
+  """train.overlong_filter leaves a reply the token budget cut off (finish reason "length") out of
+  the loss, keeping its reward; replies ended by a stop token or string, and every reply without
+  the filter, train; an agent outside train.agents never does."""
+  samples = [_sample("writer", "length"), _sample("writer", "stop_token"),
+             _sample("writer", "stop_string"), _sample("critic", "stop_token")]
+  agents = frozenset({"writer"})
+  assert [s.trained for s in trainer.trained_samples(samples, agents)] == [True, True, True, False]
+  filtered = trainer.trained_samples(samples, agents, overlong_filter=True)
+  assert [s.trained for s in filtered] == [False, True, True, False]
+  assert [s.reward for s in filtered] == [1.0] * 4
+
+
+def test_overlong_filter_trains_on_the_finished_replies(model_dir, tmp_path, monkeypatch):
+  """End to end: the update's loss has tokens of the rollout's finished replies only; the share
+  of truncated ones is `rollout/truncated`. The toy's random model never ends a reply in its 8
+  tokens; a stop string ends some."""
+  batches = []
+  run_updates = trainer.update.run
+
+  def recording(fns, cfg, state, frozen, batch, *args):
+    batches.append(jax.device_get(batch))
+    return run_updates(fns, cfg, state, frozen, batch, *args)
+
+  monkeypatch.setattr(trainer.update, "run", recording)
+  c = toy_task.toy_config(model_dir, steps=1)
+  c.train.overlong_filter, c.sampling.stop = True, ("y",)
+  trainer.train(c, str(tmp_path))
+  (row,), (batch,) = read_metrics(tmp_path), batches
+  samples = c.rollout.problems_per_step * c.rollout.k
+  assert 0 < row["rollout/truncated"] < 1
+  s = batch.samples
+  assert s.sample_mask.sum() == samples
+  assert s.token_mask.any(axis=-1).sum() == round(samples * (1 - row["rollout/truncated"]))
