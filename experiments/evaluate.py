@@ -1,12 +1,13 @@
 r"""Evaluates a team on held-out problems: accuracy (avg@k) and pass@k.
 
-    python -m experiments.evaluate --config=configs/atgrpo_plan_path.py:cpu --workdir=/tmp/run \
+    python -m experiments.evaluate --config=configs/drmas_math.py:rl,cpu --workdir=runs/main \
         [--checkpoint=STEP] [--split=NAME]
 
 Loads the checkpoint of STEP (default: the latest in the workdir; when the workdir has none, step
 0: the base model, warm-started first when the config has `sft.steps`), rolls out
 `config.eval.k` independent episodes on each of `config.eval.num_problems` held-out seeds, writes
-`eval/step{STEP}.json` and the episode traces into the workdir and prints a table.
+`eval/step{STEP}.json` and the episode traces into the workdir and prints a table. It samples
+with the keys of the run's own evaluations (`Run.evaluate`: one key stream per seed).
 `--split=NAME` names an evaluation set given by `--config.eval.env_kwargs...` (e.g. a test file):
 metrics `NAME/...` in `eval/NAME_step{STEP}.json`, traces `traces/NAME_step{STEP}`. Bad input
 ends in one `error: ...` line before the model loads.

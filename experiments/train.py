@@ -1,7 +1,7 @@
 r"""Trains a team of LLM agents.
 
-    python -m experiments.train --config=configs/atgrpo_plan_path.py:cpu --workdir=/tmp/run \
-        [--config.train.steps=10 --config.algo.estimator=drmas ...]
+    python -m experiments.train --config=configs/drmas_math.py:rl,cpu --workdir=runs/main \
+        [--config.seed=1 --config.train.steps=10 ...]
 
 A run started on a workdir that holds checkpoints resumes from the latest intact one by itself.
 Bad input (config, workdir, datasets, mesh) ends in one `error: ...` line before the model loads.
