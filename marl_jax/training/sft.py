@@ -65,7 +65,12 @@ def train_config(rl: TrainConfig, optim: OptimConfig, lr: float, steps: int, spa
   entropy or clipping), AdamW `optim` from `lr` decaying linearly to 0 over the `steps` updates
   (the usual fine-tuning schedule: the last updates settle instead of jumping), one update per
   batch. The step still computes advantages, which "nll" ignores; with no group filter every
-  demonstration counts."""
+  demonstration counts.
+
+  The log-probs are the model's own, at temperature 1, whatever RL samples at: RL divides the
+  logits by the sampling temperature because its samples were drawn from that distribution,
+  but a demonstration was not drawn from the policy, and fitting it at RL's T = 0.6 would train
+  a flatter model whose T = 0.6 samples merely match the demonstrations' spread."""
   optim = dataclasses.replace(optim, lr=lr, schedule="linear", decay_steps=steps,
                               end_lr_ratio=0.0, warmup_steps=0, hold_steps=0)
   policy = dataclasses.replace(rl.policy, optim=(optim,) * len(rl.policy.optim))
@@ -74,7 +79,8 @@ def train_config(rl: TrainConfig, optim: OptimConfig, lr: float, steps: int, spa
                               tis_cap=None)
   return dataclasses.replace(
       rl, policy=policy, space=space, loss=losses.LossConfig(policy_loss="nll"),
-      advantage=AdvantageConfig(estimator="grpo", filter="none"), with_entropy=False, train=train)
+      advantage=AdvantageConfig(estimator="grpo", filter="none"), with_entropy=False, train=train,
+      temperature=1.0)
 
 
 def check_env(env: Any, agents: Sequence[str], env_name: str, mistake_rate: float = 0.0

@@ -181,9 +181,11 @@ def _torch_nll(model, samples):
 
 def test_warm_start_in_a_trainer_run(model_dir, tokenizer, tmp_path):
   """Step 0 logs the policy before (pretrained/) and after (eval/) the warm-start; the warm-start's
-  first loss is the demonstrations' NLL under the pretrained weights (transformers reference), and
+  first loss is the demonstrations' NLL under the pretrained weights (transformers reference, at
+  temperature 1 although RL samples at 0.6: a demonstration is not a sample of the policy), and
   at lr 1e-2 the second step's demonstrations already cost less."""
   c = _config(model_dir)
+  c.sampling.temperature = 0.6
   trainer.train(c, str(tmp_path))
   step0 = next(r for r in read_metrics(str(tmp_path)) if r["step"] == 0)
   assert {"pretrained/accuracy", "eval/accuracy", "sft/loss", "sft/first_loss"} <= set(step0)
