@@ -26,9 +26,11 @@ Schedules of the cpu run (a third preset option, default `smoke`):
          leaves the solver's sampled arithmetic wrong about half the time; then 8 Dr. MAS steps
          of 4 problems x K = 4 at lr 2e-5 (at 5e-5 the Plan-Path team collapsed:
          docs/experiments/atgrpo_plan_path.md) with DAPO dynamic sampling (groups without
-         reward variance dropped, one refill of fresh problems); held-out success on 32
-         problems x 2 samples at the paper's T = 0.6, top-p 0.95, before and after the
-         warm-start and every 2 RL steps. 32-token replies (a one-operation answer and a
+         reward variance dropped, one refill of fresh problems), sampled at T = 1 (at the
+         evaluation's 0.6 most groups had no reward variance and seeds 0-2 gained 0.000 +-
+         0.089: docs/experiments/main_job.md); held-out success on 32 problems x 2 samples
+         at the paper's T = 0.6, top-p 0.95, before and after the warm-start and every 2 RL
+         steps. 32-token replies (a one-operation answer and a
          verdict take 15-30). Old log-probs are the sampler's: on the CPU the sampler and the
          learner compute in fp32 from the same weights (their approximate KL was below 1e-8 at
          every step), so recomputing them would spend a forward pass on the same numbers.
