@@ -30,10 +30,10 @@ Schedules of the cpu run (a third preset option, default `smoke`):
          evaluation's 0.6 most groups had no reward variance and seeds 0-2 gained 0.000 +-
          0.089: docs/experiments/main_job.md); held-out success on 32 problems x 2 samples
          at the paper's T = 0.6, top-p 0.95, before and after the warm-start and every 2 RL
-         steps. 32-token replies (a one-operation answer and a
-         verdict take 15-30). Old log-probs are the sampler's: on the CPU the sampler and the
-         learner compute in fp32 from the same weights (their approximate KL was below 1e-8 at
-         every step), so recomputing them would spend a forward pass on the same numbers.
+         steps. 32-token replies (a one-operation answer and a verdict take 15-30). Old
+         log-probs are the sampler's: on the CPU the sampler and the learner compute in fp32
+         from the same weights (their approximate KL was below 1e-8 at every step), so
+         recomputing them would spend a forward pass on the same numbers.
          Checkpoints at steps 0, 4 and 8. With `grpo` the run is refused when the config is
          built: the dynamic-sampling filter does not apply to traj_grpo's groups.
 """
