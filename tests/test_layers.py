@@ -2,10 +2,9 @@
 
 Layers, bottom to top (docs/design.md): models, sandbox, traces, registry, errors, shapes |
 envs, sampling | algos, workflows | parallel | training. A module may import from its own layer
-or below. Every `import` statement counts, including those inside functions: a function-level
-import is still a dependency (it only hides a cycle from Python, not from a reader). Imports
-under `if TYPE_CHECKING:` name types for annotations only: they count for the layers but not for
-cycles.
+or below. Every `import` statement counts, including those inside functions (a function-level
+import is still a dependency: it only hides a cycle from Python, not from a reader) and those
+under `if TYPE_CHECKING:` (a module that needs another's types depends on it).
 """
 
 from __future__ import annotations
@@ -36,22 +35,11 @@ def _modules() -> dict[str, pathlib.Path]:
   return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def _type_only(tree: ast.AST) -> set[int]:
-  """ids of the import nodes inside `if TYPE_CHECKING:` blocks."""
-  return {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-          and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
-          for stmt in block.body for n in ast.walk(stmt)}
-
-
-def _imports(name: str, path: pathlib.Path, known: set[str], *, types: bool = True) -> set[str]:
-  """marl_jax modules that `name` imports (a `from pkg import mod` names the module);
-  `types=False` leaves out the annotation-only imports under `if TYPE_CHECKING:`."""
+def _imports(name: str, path: pathlib.Path, known: set[str]) -> set[str]:
+  """marl_jax modules that `name` imports (a `from pkg import mod` names the module)."""
   found = set()
   tree = ast.parse(path.read_text(), str(path))
-  skip = set() if types else _type_only(tree)
   for node in ast.walk(tree):
-    if id(node) in skip:
-      continue
     if isinstance(node, ast.Import):
       targets = [a.name for a in node.names]
     elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -63,10 +51,10 @@ def _imports(name: str, path: pathlib.Path, known: set[str], *, types: bool = Tr
   return found
 
 
-def _graph(types: bool = True) -> dict[str, set[str]]:
+def _graph() -> dict[str, set[str]]:
   modules = _modules()
   known = set(modules)
-  return {name: _imports(name, path, known, types=types) for name, path in modules.items()}
+  return {name: _imports(name, path, known) for name, path in modules.items()}
 
 
 def _layer(module: str) -> int | None:
@@ -87,7 +75,7 @@ def test_no_upward_imports():
 
 
 def test_no_import_cycles():
-  graph = _graph(types=False)
+  graph = _graph()
   state: dict[str, int] = {}  # 1 on the stack, 2 done
   cycles = []
 
@@ -112,17 +100,12 @@ def test_no_import_cycles():
     ("from marl_jax.parallel import sharding", {"marl_jax.parallel.sharding"}),
     ("from marl_jax.algos.batch import GroupSpace", {"marl_jax.algos.batch"}),
     ("def f():\n  import marl_jax.training.trainer", {"marl_jax.training.trainer"}),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n  from marl_jax.parallel import sharding",
+     {"marl_jax.parallel.sharding"}),
 ])
 def test_the_import_reader(tmp_path, source, expected):
-  """The reader sees module imports, `from package import module` and function-level imports."""
+  """The reader sees module imports, `from package import module`, function-level imports and
+  annotation-only ones (they are cycle edges too)."""
   path = tmp_path / "m.py"
   path.write_text(source)
   assert _imports("marl_jax.x", path, set(_modules())) == expected
-
-
-def test_annotation_only_imports_are_not_cycle_edges(tmp_path):
-  path = tmp_path / "m.py"
-  path.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                  "  from marl_jax.parallel import sharding\n")
-  assert _imports("marl_jax.x", path, set(_modules())) == {"marl_jax.parallel.sharding"}
-  assert _imports("marl_jax.x", path, set(_modules()), types=False) == set()

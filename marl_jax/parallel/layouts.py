@@ -8,14 +8,14 @@
                                                                   policy p's sub-batch)
   "mapped"   {name: model}, architectures differ  -               {name: [N_name, ...]}
 
-One `Layout` object per kind (`LAYOUTS`, looked up once with `of(cfg)`) owns what differs between
-kinds: param init and selection, optimizers, partition specs, the batch layout (blocks, sample
-axis, flatten / unflatten), validation of configs and batches, and the per-kind parts of building
-the batch (rows per block, pad id per model). Nothing outside this module compares kind strings.
-Every sample's `policy_id` names its policy (for "mapped", the index into `names`). The learner's
-log-probs come from `algos/logprobs.py` (the same quantity the sampler records). The params,
-optimizers, specs and log-probs of a `PolicyConfig` are in `parallel/policies.py`, which asks the
-layout for every per-kind part.
+One `Layout` object per kind (named in `policy_config.LAYOUTS`, looked up with `of(cfg)`) owns
+what differs between kinds: param init and selection, optimizers, partition specs, the batch
+layout (blocks, sample axis, flatten / unflatten), validation of configs and batches, and the
+per-kind parts of building the batch (rows per block, pad id per model). Nothing outside this
+module compares kind strings. Every sample's `policy_id` names its policy (for "mapped", the
+index into `names`). The learner's log-probs come from `algos/logprobs.py` (the same quantity the
+sampler records). The params, optimizers, specs and log-probs of a `PolicyConfig` are in
+`parallel/policies.py`, which asks the layout for every per-kind part.
 
 (Over 400 lines: by design every kind-dependent rule is here, one class per kind, so that no
 other module compares kind strings.)
@@ -24,7 +24,7 @@ other module compares kind strings.)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -37,13 +37,9 @@ from marl_jax.algos.batch import (BatchShape, GroupSpace, RolloutSample, TrainBa
 from marl_jax.models import decoder
 from marl_jax.models import lora as lora_lib
 from marl_jax.parallel import sharding
-from marl_jax.registry import Registry
-
-if TYPE_CHECKING:
-  from marl_jax.parallel.policies import PolicyConfig
+from marl_jax.parallel.policy_config import LAYOUTS, PolicyConfig
 
 Params = dict[str, Any]
-LAYOUTS: Registry[Layout] = Registry("policy kind")
 
 
 class Layout:
@@ -310,10 +306,8 @@ class Mapped(_PerPolicyBlocks):
     return {k: np.full(np.shape(batch[k].samples.policy_id), p) for p, k in enumerate(cfg.names)}
 
 
-LAYOUTS.register("shared", Shared())
-LAYOUTS.register("lora", Lora())
-LAYOUTS.register("stacked", Stacked())
-LAYOUTS.register("mapped", Mapped())
+# The objects `policy_config.LAYOUTS` names.
+SHARED, LORA, STACKED, MAPPED = Shared(), Lora(), Stacked(), Mapped()
 
 
 def of(cfg: PolicyConfig) -> Layout:

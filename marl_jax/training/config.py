@@ -27,7 +27,7 @@ from marl_jax.algos.optim import OptimConfig
 from marl_jax.errors import UserInputError
 from marl_jax.models.lora import LoraConfig
 from marl_jax.parallel import layouts
-from marl_jax.parallel.policies import PolicyConfig
+from marl_jax.parallel.policy_config import LAYOUTS, PolicyConfig
 from marl_jax.parallel.train_config import TrainSettings, check_update_rules
 from marl_jax.training import checkpoint, metrics
 from marl_jax.training import config_checks as checks
@@ -204,7 +204,7 @@ def build(c: ml_collections.ConfigDict) -> Built:
   """Checks a whole config before any compute; raises UserInputError naming the field and value
   (the checks: `config_checks`)."""
   checks.values(c)
-  checks.one_of(c.policy.kind, layouts.LAYOUTS.names(), "policy.kind")
+  checks.one_of(c.policy.kind, LAYOUTS.names(), "policy.kind")
   layout = layouts.of(c.policy)
   checks.one_of(c.env.name, registry.TASKS.names(), "env.name")
   try:

@@ -1,5 +1,5 @@
 """The checks of a run config that `config.build` runs before any compute, one rule each; a rule
-that ties fields of two sections lives with the dataclass it concerns (`policies.check_team`,
+that ties fields of two sections lives with the dataclass it concerns (`policy_config.check_team`,
 `train_config.check_update_rules`, `rollout.check_decision_rewards`) and is called from here.
 Every check raises ValueError naming the field (`config.section.field`) and what was expected;
 `config.build` turns them into UserInputError.
@@ -19,7 +19,7 @@ from marl_jax.algos.advantage_config import STATE_GROUPINGS, AdvantageConfig
 from marl_jax.algos.losses import LossConfig
 from marl_jax.models import config as model_config
 from marl_jax.models import precision as precision_lib
-from marl_jax.parallel import layouts, policies
+from marl_jax.parallel import layouts, policy_config
 from marl_jax.training import refill
 from marl_jax.workflows.spec import WorkflowSpec
 
@@ -180,7 +180,7 @@ def team(c: ml_collections.ConfigDict, spec: WorkflowSpec) -> None:
       isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in critic)):
     raise ValueError(f"config.policy.critic={tuple(critic)!r}; expected hidden sizes, "
                      "integers >= 1")
-  prefixed(policies.check_team, c.policy.kind, num, len(models) or default, critic)
+  prefixed(policy_config.check_team, c.policy.kind, num, len(models) or default, critic)
   critic_lib.check_critic(estimator, critic, estimator_field="config.algo.estimator",
                           critic_field="config.policy.critic")
   if critic is not None and c.rollout.mode != "independent":  # a critic estimator (checked)
