@@ -1,19 +1,18 @@
-"""What every environment family shares: the step API's records, seed and prompt helpers, and
-the plain-data declaration of a family's workflows and problem source.
+"""The environment contract and what every environment family shares: the step API's records,
+seed and prompt helpers, and the plain-data declaration of a family's workflows and problem source.
 
-An environment (one problem, one episode) has `agents`, `turn`, `done`, `solved`, `clone()`,
-`observe(agent) -> Observation` and `step(agent, response, *, tool_output=None) -> StepResult`;
-rewards are additive agent-keyed contributions (the acting agent's entry goes to its own sample,
-other entries to those agents' samples of the same turn, see workflows/rollout.py). An env whose
-agents make orchestration decisions may also define `final_rewards() -> {agent: value}`, settled
-when the episode ends and credited to each of that agent's samples (its decisions are judged by the
-episode they led to; the trace's `orchestration` channel).
+An environment (one problem, one episode) is an `Environment` (the Protocol below, the methods
+every caller may use); an optional capability is a Protocol of its own (`Demonstrates`,
+`MakesMistakes`, `RewardsDecisions`, `GradesAnswers`) that a caller tests with `isinstance` and
+nothing else. A family declares the classes its factory builds in its `Task`, which refuses a
+class that lacks a required method when it is declared (docs/design.md, "Adding an environment").
 
 Each family package (envs/games, envs/math, envs/code, envs/writing, envs/search) declares, in
-its `task.py`, one `Task`: its env factory, its workflow variants as `Workflow`s (who acts, in
-which order, when the episode exits) and how a seed or a dataset row becomes a problem. The
-workflows layer registers each Task under a name (workflows/registry.py) and turns a `Workflow`
-into the engine's `WorkflowSpec`; this module stays plain data so the envs need nothing above them.
+its `task.py`, one `Task`: its env factory and env classes, its workflow variants as `Workflow`s
+(who acts, in which order, when the episode exits) and how a seed or a dataset row becomes a
+problem. The workflows layer registers each Task under a name (workflows/registry.py) and turns a
+`Workflow` into the engine's `WorkflowSpec`; this module stays plain data so the envs need nothing
+above them.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 # Model replies are read up to this many characters: a real reply (at most a few thousand tokens)
 # is far shorter, and the bound keeps regex and `ast` work on flooding text in milliseconds.
@@ -48,13 +47,95 @@ class Observation:
 
 @dataclasses.dataclass(frozen=True)
 class StepResult:
-  """Result of one agent's step. `rewards` are additive contributions (see the module doc)."""
+  """Result of one agent's step. `rewards` are additive contributions (`Environment.step`)."""
 
   agent: str
   actions: tuple[Any, ...] | None  # the coerced actions; None when the output did not parse.
   rewards: dict[str, float]
   done: bool
   info: dict[str, Any]
+
+
+@runtime_checkable
+class Environment(Protocol):
+  """One problem, one episode: every member the rollout engine, the replayer and the trainer call.
+
+  `agents` are the agents in acting order, `turn` the current turn (0 first), `done` whether the
+  episode has ended and `solved` whether it solved its problem (the team reward, 1 or 0).
+  `clone()` copies the state, so tree sampling can step K branches from one state."""
+
+  agents: tuple[str, ...]
+  turn: int
+
+  @property
+  def done(self) -> bool: ...
+
+  @property
+  def solved(self) -> bool: ...
+
+  def clone(self) -> Environment: ...
+
+  def observe(self, agent: str) -> Observation:
+    """`agent`'s prompt in the current state."""
+
+  def step(self, agent: str, response: str, *, tool_output: str | None = None) -> StepResult:
+    """Applies `agent`'s reply (and, for a tool agent, what its program printed). `rewards` are
+    additive agent-keyed contributions: the acting agent's entry goes to its own sample, other
+    entries to those agents' samples of the same turn (workflows/rollout.py)."""
+
+
+# `Environment`'s members: the methods a class must define, and the data an instance has.
+REQUIRED_METHODS = ("clone", "observe", "step")
+REQUIRED_DATA = ("agents", "turn", "done", "solved")
+
+
+@runtime_checkable
+class Demonstrates(Protocol):
+  """Can show a competent reply: the supervised warm-start (training/sft.py) trains on them."""
+
+  def demonstration(self, agent: str) -> str | None:
+    """`agent`'s reply in the current state; None where the env has none."""
+
+
+@runtime_checkable
+class MakesMistakes(Protocol):
+  """Can show a plausible wrong reply, which the warm-start opens some episodes with so the
+  team learns to recover from it (`config.sft.mistake_rate`)."""
+
+  def mistake(self, agent: str) -> str | None:
+    """A wrong reply of `agent` in the current state; None where the env has none."""
+
+
+@runtime_checkable
+class RewardsDecisions(Protocol):
+  """Its agents make orchestration decisions (stop, spawn, delegate) that are judged by the
+  episode they led to: settled when the episode ends, credited to each of that agent's samples
+  and recorded as the trace's `orchestration` channel, by the rollout and by replay. Such an env
+  needs each episode on its own (independent rollouts)."""
+
+  def final_rewards(self) -> dict[str, float]:
+    """agent -> its decision reward for the finished episode."""
+
+
+@runtime_checkable
+class GradesAnswers(Protocol):
+  """Compares answers with a named grader (envs/math/grading.py), which an evaluation reports."""
+
+  @property
+  def grader(self) -> str: ...
+
+
+def check_environment(env: Any, envs: tuple[type, ...] = ()) -> Environment:
+  """`env`, checked to be one of the declared classes `envs` or, with none declared, an
+  `Environment`; TypeError naming what it lacks otherwise."""
+  if envs and not isinstance(env, envs):
+    raise TypeError(f"the env factory built a {type(env).__qualname__}, which its Task does not "
+                    f"declare; expected one of {[c.__qualname__ for c in envs]}")
+  if not isinstance(env, Environment):
+    missing = [m for m in REQUIRED_DATA + REQUIRED_METHODS if not hasattr(env, m)]
+    raise TypeError(f"{type(env).__qualname__} lacks {missing}; expected every member of "
+                    "envs.base.Environment")
+  return env
 
 
 # The `info` keys under which an env reports what it read from a reply when it has no coerced
@@ -153,3 +234,19 @@ class Task:
   dataset_rows: Callable[[dict[str, Any]], int | None] = no_dataset
   # keys of `problem`'s result that select the generated problem; dropped for a dataset row.
   source_keys: tuple[str, ...] = ("seed",)
+  # the env classes `make_env` builds; each must define `REQUIRED_METHODS` (checked here), and
+  # `make_env` may build no other (`check_environment`). () leaves each built env to be checked
+  # against `Environment` alone.
+  envs: tuple[type, ...] = ()
+
+  def __post_init__(self):
+    for cls in self.envs:
+      missing = [m for m in REQUIRED_METHODS if not callable(getattr(cls, m, None))]
+      if not isinstance(cls, type) or missing:
+        raise TypeError(f"Task env {cls!r} lacks the methods {missing or list(REQUIRED_METHODS)}"
+                        f"; expected a class defining {list(REQUIRED_METHODS)} "
+                        "(envs.base.Environment)")
+
+  def make(self, **kwargs: Any) -> Environment:
+    """One environment from `make_env`, checked (`check_environment`)."""
+    return check_environment(self.make_env(**kwargs), self.envs)

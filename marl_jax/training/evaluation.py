@@ -8,6 +8,7 @@ from typing import Any
 
 import ml_collections
 
+from marl_jax.envs.base import GradesAnswers
 from marl_jax.errors import UserInputError
 from marl_jax.training import eval_results, preflight, setup, trainer
 from marl_jax.training.checkpoint import saved_steps
@@ -52,5 +53,5 @@ def evaluate_checkpoint(c: ml_collections.ConfigDict, workdir: str, step: int | 
 def answer_grader(problem: Problem) -> dict[str, str]:
   """{"grader": name} when the problem's env grades answers with a named grader (the math envs:
   `envs/math/grading.py`), so an evaluation says how its accuracy was graded; {} otherwise."""
-  grader = getattr(problem.make(), "grader", None)
-  return {} if grader is None else {"grader": grader}
+  env = problem.make()
+  return {"grader": env.grader} if isinstance(env, GradesAnswers) else {}

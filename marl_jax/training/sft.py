@@ -40,6 +40,7 @@ from marl_jax.algos import losses
 from marl_jax.algos.advantage_config import AdvantageConfig
 from marl_jax.algos.batch import GroupSpace
 from marl_jax.algos.optim import OptimConfig
+from marl_jax.envs.base import Demonstrates, Environment, MakesMistakes
 from marl_jax.errors import UserInputError
 from marl_jax.models.tokenizer import Tokenizer
 from marl_jax.parallel import layouts, multihost
@@ -83,17 +84,17 @@ def train_config(rl: TrainConfig, optim: OptimConfig, lr: float, steps: int, spa
       temperature=1.0)
 
 
-def check_env(env: Any, agents: Sequence[str], env_name: str, mistake_rate: float = 0.0
+def check_env(env: Environment, agents: Sequence[str], env_name: str, mistake_rate: float = 0.0
               ) -> None:
   """Raises UserInputError unless `env` (a fresh problem) demonstrates a reply for every agent
   and, with `mistake_rate` > 0, has a mistake for one of them."""
-  demonstrate = getattr(env, "demonstration", None)
-  missing = [a for a in agents if demonstrate is None or demonstrate(a) is None]
+  missing = [a for a in agents
+             if not isinstance(env, Demonstrates) or env.demonstration(a) is None]
   if missing:
     raise UserInputError(f"config.sft.steps > 0 needs demonstrations, but env {env_name!r} has "
                          f"none for agents {missing}; expected sft.steps=0 for this env")
-  mistake = getattr(env, "mistake", None)
-  if mistake_rate and (mistake is None or all(mistake(a) is None for a in agents)):
+  if mistake_rate and (not isinstance(env, MakesMistakes)
+                       or all(env.mistake(a) is None for a in agents)):
     raise UserInputError(f"config.sft.mistake_rate={mistake_rate} needs an env with mistakes to "
                          f"recover from, but env {env_name!r} has none for agents {list(agents)}; "
                          "expected sft.mistake_rate=0 for this env")
@@ -133,7 +134,7 @@ class Demonstrator:
     else None. An episode is picked when the CRC-32 of its first-round prompt, as a fraction of
     2^32, is below `mistake_rate`: deterministic, and independent of the problem's answer."""
     env = request.env
-    if (env.turn != 0 or not hasattr(env, "mistake")
+    if (env.turn != 0 or not isinstance(env, MakesMistakes)
         or zlib.crc32(repr(request.messages).encode()) >= self.mistake_rate * 2**32):
       return None
     return env.mistake(request.agent)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from marl_jax.envs.base import Task
+from marl_jax.envs.base import Environment, Task
 from marl_jax.registry import Registry
 from marl_jax.traces.replay import REPLAYERS
 from marl_jax.workflows.spec import WorkflowSpec
@@ -51,9 +51,10 @@ def agent_names() -> tuple[str, ...]:
                        for a in w.agents}))
 
 
-def make_env(name: str, **kwargs: Any) -> Any:
-  """Builds the environment registered as `name`, e.g. make_env("sokoban", seed=3, mode="single")."""
-  return TASKS.get(name).make_env(**kwargs)
+def make_env(name: str, **kwargs: Any) -> Environment:
+  """Builds the environment registered as `name`, e.g. make_env("sokoban", seed=3, mode="single");
+  checked to be one (`Task.make`)."""
+  return TASKS.get(name).make(**kwargs)
 
 
 def task(name: str, variant: str) -> Task:

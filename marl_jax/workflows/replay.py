@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from marl_jax.envs.base import Observation, StepResult
+from marl_jax.envs.base import Environment, Observation, RewardsDecisions, StepResult
 from marl_jax.traces.recorder import ORCHESTRATION, TEAM, agent_channel, task_name
 from marl_jax.traces.replay import event_text
 from marl_jax.workflows import registry
@@ -31,7 +31,7 @@ class ReplayedStep:
 
 
 def replay_steps(trace: Mapping[str, Any], content: Mapping[str, str]
-                 ) -> tuple[Any, list[ReplayedStep]]:
+                 ) -> tuple[Environment, list[ReplayedStep]]:
   """(the env after the episode, its steps): a fresh env of the trace's task and kwargs re-stepped
   with the stored replies in order, each agent observed before its step as the rollout engine
   does. Raises ValueError on a step the env refuses."""
@@ -57,6 +57,6 @@ def recompute_rewards(trace: Mapping[str, Any], content: Mapping[str, str]) -> d
     for name, value in step.result.rewards.items():
       channels[agent_channel(name)] = channels.get(agent_channel(name), 0.0) + value
   channels[TEAM] = 1.0 if env.solved else 0.0
-  if hasattr(env, "final_rewards"):
+  if isinstance(env, RewardsDecisions):
     channels[ORCHESTRATION] = sum(env.final_rewards().values())
   return channels

@@ -71,4 +71,4 @@ def problem(variant: str, max_turns: int, seed: int) -> dict[str, Any]:
 dataset_rows = file_rows("code", code_data.load_code, "path", "fmt", "canonical")
 
 TASK = Task(make_env, WORKFLOWS, problem, dataset_rows,
-            source_keys=("stdio_seed", "humaneval_index"))
+            source_keys=("stdio_seed", "humaneval_index"), envs=(CodeEnv, AuxMainEnv))

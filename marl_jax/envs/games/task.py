@@ -11,7 +11,7 @@ from typing import Any
 
 from marl_jax.envs.base import Task, Workflow
 from marl_jax.envs.games import plan_path, sokoban, sudoku
-from marl_jax.envs.games.env import MAS_AGENTS, SINGLE_AGENTS
+from marl_jax.envs.games.env import MAS_AGENTS, SINGLE_AGENTS, GameEnv
 
 WORKFLOWS = {
     "mas": Workflow(MAS_AGENTS, tool_agents=frozenset({"tool"})),
@@ -23,6 +23,6 @@ def problem(variant: str, max_turns: int, seed: int) -> dict[str, Any]:
   return dict(seed=seed, mode=variant, max_turns=max_turns)
 
 
-PLAN_PATH = Task(plan_path.make_env, WORKFLOWS, problem)
-SOKOBAN = Task(sokoban.make_env, WORKFLOWS, problem)
-SUDOKU = Task(sudoku.make_env, WORKFLOWS, problem)
+PLAN_PATH = Task(plan_path.make_env, WORKFLOWS, problem, envs=(GameEnv,))
+SOKOBAN = Task(sokoban.make_env, WORKFLOWS, problem, envs=(GameEnv,))
+SUDOKU = Task(sudoku.make_env, WORKFLOWS, problem, envs=(GameEnv,))

@@ -138,4 +138,6 @@ def problem(variant: str, max_turns: int, seed: int) -> dict[str, Any]:
 
 dataset_rows = file_rows("math", math_data.load_math, "path", "fmt", "auto")
 
-TASK = Task(make_env, WORKFLOWS, problem, dataset_rows)
+TASK = Task(make_env, WORKFLOWS, problem, dataset_rows,
+            envs=(ATGRPOMathEnv, DrMASMathEnv, LearnedStopMathEnv, CheckedStopMathEnv,
+                  SpawnMathEnv, DelegateMathEnv, MARFTMathEnv, SingleMathEnv))

@@ -63,4 +63,5 @@ def problem(variant: str, max_turns: int, seed: int) -> dict[str, Any]:
 
 dataset_rows = file_rows("search", search_data.search_questions, "questions_path")
 
-TASK = Task(make_env, WORKFLOWS, problem, dataset_rows, source_keys=("seed", "index", "num_people"))
+TASK = Task(make_env, WORKFLOWS, problem, dataset_rows,
+            source_keys=("seed", "index", "num_people"), envs=(SearchEnv,))

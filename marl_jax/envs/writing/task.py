@@ -42,4 +42,4 @@ def problem(variant: str, max_turns: int, seed: int) -> dict[str, Any]:
 
 dataset_rows = file_rows("writing", writing_data.load_documents, "path", "field")
 
-TASK = Task(make_env, WORKFLOWS, problem, dataset_rows)
+TASK = Task(make_env, WORKFLOWS, problem, dataset_rows, envs=(WritingEnv,))
