@@ -1,14 +1,23 @@
-"""Advantage configuration and output, and the finalisation every estimator ends with.
+"""Advantage estimation: the options (`AdvantageConfig`), the output, the estimator record and
+registry, `estimate`, and the finalisation every estimator ends with.
 
-The estimators themselves live in `group_estimators` (group-relative: GRPO family, RLOO,
-trajectory GRPO) and `return_estimators` (MAGRPO tree returns, MARFT GAE); `advantages` holds the
-registry and `estimate`. This module sits below them all, so it validates estimator names against
-`ESTIMATOR_NAMES` (kept equal to the registry's names by a test) rather than the registry.
+Every estimator is one `Estimator` record: its function and each property the rest of the code
+asks about it (group-relative or not, reads gamma / lam, needs a critic and where its values sit,
+the ids it needs, its paper defaults). The options' checks here, the critic rule
+(`algos/critic.py`), the config's rollout rules (`training/config_checks.py`) and the value loss
+(`parallel/gradients.py`) read the record, never a name. The functions live in their own modules
+(`group_estimators`, `return_estimators`, `rloo`), which import this one, so the registry names
+them lazily ("module:RECORD"); adding an estimator is its module, its test and one `register`
+line below (docs/design.md, "Adding an estimator"). With `axis_name` given (inside `shard_map`
+with the batch split along the sample axis) every estimator's statistics are exact global values,
+identical on every device (`segments`).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import flax.struct
 import jax
@@ -16,31 +25,65 @@ import jax.numpy as jnp
 
 from marl_jax.algos.batch import GroupSpace, SampleBatch, mixed_reward
 from marl_jax.algos.segments import AxisName, count, psum
+from marl_jax.registry import Registry
 
 GROUPINGS = ("problem", "problem_agent", "problem_turn_agent", "problem_turn_agent_state",
              "turn_agent_state")
 STATE_GROUPINGS = ("problem_turn_agent_state", "turn_agent_state")  # split by observed state
 FILTERS = ("none", "lowest_mean", "zero_variance")
 MAGRPO_BASELINES = ("mean", "none", "loo", "max")
-_GROUP_ESTIMATORS = ("grpo", "at_grpo", "drmas", "dr_grpo", "rloo")
-_NO_STD = ("dr_grpo", "rloo", "gae_action", "gae_token")
 
-# Paper defaults for the options left as None (see AdvantageConfig).
-_DEFAULTS = {
-    "grpo": dict(group_by="problem", std_ddof=0, normalize_std=True),
-    "at_grpo": dict(group_by="problem_turn_agent", std_ddof=1, normalize_std=True),
-    "drmas": dict(group_by="problem_agent", std_ddof=1, normalize_std=True),
-    "traj_grpo": dict(std_ddof=1, normalize_std=True),
-    "dr_grpo": dict(group_by="problem", std_ddof=0, normalize_std=False),
-    "rloo": dict(group_by="problem", std_ddof=0, normalize_std=False),
-    "magrpo": dict(std_ddof=0, normalize_std=False, gamma=0.9, clamp=10.0),
-    "gae_action": dict(std_ddof=0, normalize_std=False, gamma=0.99, lam=0.95),
-    "gae_token": dict(std_ddof=0, normalize_std=False, gamma=0.99, lam=0.95),
-}
-_DISCOUNTED = ("magrpo", "gae_action", "gae_token")  # estimators that read gamma
-_GAE = ("gae_action", "gae_token")  # estimators that read lam
 
-ESTIMATOR_NAMES = tuple(_DEFAULTS)  # every estimator has paper defaults; = ESTIMATORS' names
+@dataclasses.dataclass(frozen=True)
+class Estimator:
+  """One advantage estimator: its function and what the rest of the code asks about it.
+
+  Attributes:
+    fn: `(batch, cfg, space, axis_name) -> AdvantageOutput`.
+    defaults: the paper's values of the `AdvantageConfig` options left None (`resolved`).
+    grouped: group-relative over `group_by` groups, so `group_by` and `filter` apply.
+    singleton_zero: a group of one sample gets advantage 0, so rollouts that put one sample in
+      every group teach nothing (config_checks refuses them).
+    divides_std: may divide by a std, so `normalize_std` applies.
+    gamma: reads the discount `gamma`.
+    lam: reads the GAE `lam`.
+    siblings: compares each joint-action node with its siblings (MAGRPO's tree), so `baseline`
+      applies and a rollout that gives a node no sibling leaves every advantage 0.
+    critic: where a critic's values sit: None (no critic), "sample" (one per sample, from the
+      state before the reply) or "token" (one per token).
+    needs: the `GroupSpace` count this estimator needs > 0 (e.g. "num_trajs"), or None.
+  """
+  fn: Callable[..., AdvantageOutput]
+  defaults: Mapping[str, Any]
+  grouped: bool = False
+  singleton_zero: bool = False
+  divides_std: bool = False
+  gamma: bool = False
+  lam: bool = False
+  siblings: bool = False
+  critic: str | None = None
+  needs: str | None = None
+
+  def __post_init__(self):
+    if self.critic not in (None, "sample", "token"):
+      raise ValueError(f"Estimator critic={self.critic!r}; expected None, 'sample' or 'token'")
+
+
+ESTIMATORS: Registry[Estimator] = Registry("estimator")
+ESTIMATORS.register("grpo", "marl_jax.algos.group_estimators:GRPO")
+ESTIMATORS.register("at_grpo", "marl_jax.algos.group_estimators:AT_GRPO")
+ESTIMATORS.register("drmas", "marl_jax.algos.group_estimators:DRMAS")
+ESTIMATORS.register("dr_grpo", "marl_jax.algos.group_estimators:DR_GRPO")
+ESTIMATORS.register("traj_grpo", "marl_jax.algos.group_estimators:TRAJ_GRPO")
+ESTIMATORS.register("rloo", "marl_jax.algos.rloo:RLOO")
+ESTIMATORS.register("magrpo", "marl_jax.algos.return_estimators:MAGRPO")
+ESTIMATORS.register("gae_action", "marl_jax.algos.return_estimators:GAE_ACTION")
+ESTIMATORS.register("gae_token", "marl_jax.algos.return_estimators:GAE_TOKEN")
+
+
+def with_property(prop: str) -> list[str]:
+  """The registered estimators whose record has `prop` set (for error messages)."""
+  return [name for name in ESTIMATORS if getattr(ESTIMATORS.get(name), prop)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,24 +151,24 @@ class AdvantageConfig:
 
   def __post_init__(self):
     name = self.estimator
-    if name not in ESTIMATOR_NAMES:
-      raise ValueError(f"unknown estimator {name!r}; expected one of {sorted(ESTIMATOR_NAMES)}")
+    record = ESTIMATORS.get(name)  # refuses an unknown name, listing the known ones
     if self.group_by is not None:
       if self.group_by not in GROUPINGS:
         raise ValueError(f"unknown group_by {self.group_by!r}; expected one of {list(GROUPINGS)}")
-      if name not in _GROUP_ESTIMATORS:
-        raise ValueError(f"group_by applies to {list(_GROUP_ESTIMATORS)}, not {name!r}")
+      if not record.grouped:
+        raise ValueError(f"group_by applies to {with_property('grouped')}, not {name!r}")
     if self.filter not in FILTERS:
       raise ValueError(f"unknown filter {self.filter!r}; expected one of {list(FILTERS)}")
-    if self.filter != "none" and name not in _GROUP_ESTIMATORS:
-      raise ValueError(f"filter {self.filter!r} applies to {list(_GROUP_ESTIMATORS)}, not {name!r}")
+    if self.filter != "none" and not record.grouped:
+      raise ValueError(f"filter {self.filter!r} applies to {with_property('grouped')}, not "
+                       f"{name!r}")
     if not 0.0 <= self.filter_fraction < 1.0:
       raise ValueError(f"filter_fraction must be in [0, 1), got {self.filter_fraction}")
     if self.std_ddof not in (None, 0, 1):
       raise ValueError(f"std_ddof must be 0 or 1, got {self.std_ddof!r}")
     if not self.eps > 0.0:
       raise ValueError(f"eps must be > 0, got {self.eps}")
-    if self.normalize_std and name in _NO_STD:
+    if self.normalize_std and not record.divides_std:
       raise ValueError(f"estimator {name!r} never divides by a group std; set normalize_std to "
                        "None or False (normalize_batch z-scores the whole batch)")
     for field in ("balance_states", "normalize_states"):
@@ -135,21 +178,26 @@ class AdvantageConfig:
     if self.baseline not in MAGRPO_BASELINES:
       raise ValueError(f"unknown baseline {self.baseline!r}; expected one of "
                        f"{list(MAGRPO_BASELINES)}")
-    if self.baseline != "mean" and name != "magrpo":
-      raise ValueError(f"baseline {self.baseline!r} applies to magrpo only, not {name!r}")
-    for field, users in (("gamma", _DISCOUNTED), ("lam", _GAE)):
+    if self.baseline != "mean" and not record.siblings:
+      raise ValueError(f"baseline {self.baseline!r} applies to {with_property('siblings')}, "
+                       f"not {name!r}")
+    for field in ("gamma", "lam"):
       value = getattr(self, field)
-      if value is not None and name not in users:
-        raise ValueError(f"{field} applies to {list(users)}, not {name!r}")
+      if value is not None and not getattr(record, field):
+        raise ValueError(f"{field} applies to {with_property(field)}, not {name!r}")
       if value is not None and not 0.0 <= value <= 1.0:
         raise ValueError(f"{field} must be in [0, 1], got {value}")
     if self.clamp is not None and not self.clamp > 0.0:
       raise ValueError(f"clamp must be > 0 (math.inf disables it), got {self.clamp}")
 
+  @property
+  def record(self) -> Estimator:
+    """The registered record of `estimator`."""
+    return ESTIMATORS.get(self.estimator)
+
   def resolved(self) -> AdvantageConfig:
     """This config with every None option replaced by the estimator's default."""
-    defaults = _DEFAULTS[self.estimator]
-    fill = {k: v for k, v in defaults.items() if getattr(self, k) is None}
+    fill = {k: v for k, v in self.record.defaults.items() if getattr(self, k) is None}
     out = dataclasses.replace(self, **fill)
     return dataclasses.replace(out, clamp=math.inf if out.clamp is None else out.clamp)
 
@@ -204,9 +252,26 @@ def finalize(adv: jax.Array, returns: jax.Array | None, valid: jax.Array, keep: 
   return AdvantageOutput(advantages=adv, returns=returns, sample_mask=keep, metrics=metrics)
 
 
-def check_estimator(cfg: AdvantageConfig, name: str, space: GroupSpace, needs: str | None = None):
+def estimate(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
+             axis_name: AxisName = None) -> AdvantageOutput:
+  """Runs the estimator `cfg.estimator`.
+
+  Args:
+    batch: the samples (inside `shard_map`: this device's slice of the sample axis).
+    cfg: estimator and options.
+    space: static id ranges (segment counts).
+    axis_name: mesh axis (or axes) the sample axis is split over; None on one device.
+
+  Returns:
+    The `AdvantageOutput`; its metrics are global and identical on every device.
+  """
+  return cfg.record.fn(batch, cfg, space, axis_name)
+
+
+def check_estimator(cfg: AdvantageConfig, name: str, space: GroupSpace) -> None:
   """Refuses a config naming another estimator, or a `space` without the ids `name` needs."""
   if cfg.estimator != name:
     raise ValueError(f"config names estimator {cfg.estimator!r} but {name!r} was called")
+  needs = ESTIMATORS.get(name).needs
   if needs is not None and getattr(space, needs) == 0:
     raise ValueError(f"estimator {name!r} needs GroupSpace.{needs} > 0, got {space}")

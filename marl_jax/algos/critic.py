@@ -10,23 +10,33 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-ValueHeadParams = dict[str, list[dict[str, jax.Array]]]
+from marl_jax.algos.advantage_config import ESTIMATORS, with_property
 
-CRITIC_ESTIMATORS = ("gae_action", "gae_token")  # MARFT: advantages from the critic's values
+ValueHeadParams = dict[str, list[dict[str, jax.Array]]]
 
 
 def check_critic(estimator: str, critic: Sequence[int] | None, *,
                  estimator_field: str = "estimator", critic_field: str = "critic") -> None:
-  """The one rule: an estimator in `CRITIC_ESTIMATORS` needs a critic, any other uses none.
-  `*_field` name the settings in the error (config fields or dataclass attributes)."""
-  needs = estimator in CRITIC_ESTIMATORS
+  """The one rule: an estimator whose record reads a critic's values (`Estimator.critic`) needs a
+  critic, given as hidden sizes (`check_sizes`), and any other uses none. `*_field` name the
+  settings in the error (config fields or dataclass attributes)."""
+  needs = ESTIMATORS.get(estimator).critic is not None
   if needs and critic is None:
     raise ValueError(f"{estimator_field}={estimator!r} needs a critic; set {critic_field} to the "
                      "value head's hidden sizes, e.g. (1024, 512)")
   if critic is not None and not needs:
     raise ValueError(f"{critic_field}={tuple(critic)!r} but {estimator_field}={estimator!r} uses "
                      f"no critic; set {critic_field}=None or an estimator in "
-                     f"{list(CRITIC_ESTIMATORS)}")
+                     f"{with_property('critic')}")
+  if critic is not None:
+    check_sizes(critic, critic_field)
+
+
+def check_sizes(sizes: Sequence[int], field: str = "sizes") -> None:
+  """The value head's hidden sizes: one or more integers >= 1."""
+  if not sizes or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1
+                          for h in sizes):
+    raise ValueError(f"{field}={tuple(sizes)!r}; expected hidden sizes, integers >= 1")
 
 
 def init_value_head(key: jax.Array, hidden_size: int, sizes: Sequence[int] = (1024, 512),
@@ -39,9 +49,9 @@ def init_value_head(key: jax.Array, hidden_size: int, sizes: Sequence[int] = (10
   Returns:
     {"layers": [{"w": [d_in, d_out], "b": [d_out]}, ...]} in float32, the last layer 1-wide.
   """
-  if hidden_size < 1 or any(s < 1 for s in sizes):
-    raise ValueError(f"value head sizes must be >= 1, got hidden_size={hidden_size}, "
-                     f"sizes={tuple(sizes)}")
+  check_sizes(sizes)
+  if hidden_size < 1:
+    raise ValueError(f"hidden_size={hidden_size}; expected the base model's width, >= 1")
   dims = [hidden_size, *sizes, 1]
   keys = jax.random.split(key, len(dims) - 1)
   layers = []

@@ -1,5 +1,6 @@
-"""Group-relative advantage estimators: GRPO, AT-GRPO, Dr. MAS, Dr. GRPO, RLOO and Dr. MAS's
-trajectory GRPO.
+"""Group-relative advantage estimators: GRPO, AT-GRPO, Dr. MAS, Dr. GRPO and Dr. MAS's trajectory
+GRPO, and `group_estimate`, the group statistics, filtering and state scaling that every estimator
+over `group_by` groups shares (RLOO, `rloo.py`, is one more such estimator in its own module).
 
 Group statistics are segment reductions over static segment counts (`GroupSpace`, see
 `segments`), exact across devices, so every device derives identical group decisions (filtering
@@ -11,11 +12,13 @@ merges them).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
-from marl_jax.algos.advantage_config import (AdvantageConfig, AdvantageOutput, check_estimator,
-                                             finalize)
+from marl_jax.algos.advantage_config import (AdvantageConfig, AdvantageOutput, Estimator,
+                                             check_estimator, finalize)
 from marl_jax.algos.batch import GroupSpace, SampleBatch, group_ids, mixed_reward
 from marl_jax.algos.segments import AxisName, in_range, moments, seg_max, seg_sum, take
 
@@ -46,8 +49,15 @@ def _filter_keep(ids: jax.Array, num: int, valid: jax.Array, policy: jax.Array,
   return take(keep.reshape(-1), pair)
 
 
-def _group_estimate(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
-                    axis_name: AxisName, name: str) -> AdvantageOutput:
+# (r, count, mean, std, resolved cfg) of each sample's group, all [N] -> the sample's advantage [N]
+GroupAdvantage = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, AdvantageConfig],
+                          jax.Array]
+
+
+def group_estimate(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
+                   axis_name: AxisName, name: str, advantage: GroupAdvantage) -> AdvantageOutput:
+  """Estimator `name` over the `cfg.group_by` groups: the groups' global statistics, `advantage`
+  of each sample from its group's, then the group filter, the state scaling and `finalize`."""
   check_estimator(cfg, name, space)
   cfg = cfg.resolved()
   r = mixed_reward(batch, cfg.alpha)
@@ -59,17 +69,7 @@ def _group_estimate(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
   constant = seg_max(r, ids, valid, num, axis_name) <= -seg_max(-r, ids, valid, num, axis_name)
   keep = valid & _filter_keep(ids, num, valid, batch.policy_id, space.num_agents, mean, constant,
                               cfg, axis_name)
-  g_cnt, g_mean, g_std = take(cnt, ids), take(mean, ids), take(std, ids)
-  if name == "rloo":
-    # Leave-one-out mean: r_i - (sum - r_i) / (n - 1) = n / (n - 1) * (r_i - mean).
-    adv = jnp.where(g_cnt > 1, g_cnt / jnp.maximum(g_cnt - 1.0, 1.0) * (r - g_mean), 0.0)
-  else:
-    if name == "drmas":  # a singleton group has no statistics: mean 0, std 1
-      g_mean = jnp.where(g_cnt > 1, g_mean, 0.0)
-      g_std = jnp.where(g_cnt > 1, g_std, 1.0)
-    adv = r - g_mean
-    if cfg.normalize_std:
-      adv = adv / (g_std + cfg.eps)
+  adv = advantage(r, take(cnt, ids), take(mean, ids), take(std, ids), cfg)
   if cfg.normalize_states:
     adv = adv / (_state_rms(adv, batch, space, keep, axis_name) + cfg.eps)
   if cfg.balance_states:
@@ -78,6 +78,20 @@ def _group_estimate(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
   metrics = dict(groups=jnp.sum(cnt > 0).astype(jnp.float32),
                  groups_kept=jnp.sum(kept_cnt > 0).astype(jnp.float32))
   return finalize(jnp.where(keep, adv, 0.0), None, valid, keep, batch, cfg, axis_name, metrics)
+
+
+def _centred(r: jax.Array, cnt: jax.Array, mean: jax.Array, std: jax.Array,
+             cfg: AdvantageConfig) -> jax.Array:
+  """`r - mean`, divided by `std + eps` when `cfg.normalize_std`."""
+  del cnt
+  adv = r - mean
+  return adv / (std + cfg.eps) if cfg.normalize_std else adv
+
+
+def _drmas_centred(r: jax.Array, cnt: jax.Array, mean: jax.Array, std: jax.Array,
+                            cfg: AdvantageConfig) -> jax.Array:
+  """`_centred`, except that a singleton group has no statistics: mean 0, std 1 (Dr. MAS)."""
+  return _centred(r, cnt, jnp.where(cnt > 1, mean, 0.0), jnp.where(cnt > 1, std, 1.0), cfg)
 
 
 def _agent_state_ids(batch: SampleBatch, space: GroupSpace) -> tuple[jax.Array, int]:
@@ -113,31 +127,25 @@ def _state_weights(batch: SampleBatch, space: GroupSpace, keep: jax.Array,
 def grpo(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
          axis_name: AxisName = None) -> AdvantageOutput:
   """GRPO: `(r - mean_g) / (std_g + eps)` over the samples of one problem."""
-  return _group_estimate(batch, cfg, space, axis_name, "grpo")
+  return group_estimate(batch, cfg, space, axis_name, "grpo", _centred)
 
 
 def at_grpo(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
             axis_name: AxisName = None) -> AdvantageOutput:
   """AT-GRPO: GRPO within (problem, turn, agent), whose members share one prompt (tree sampling)."""
-  return _group_estimate(batch, cfg, space, axis_name, "at_grpo")
+  return group_estimate(batch, cfg, space, axis_name, "at_grpo", _centred)
 
 
 def drmas(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
           axis_name: AxisName = None) -> AdvantageOutput:
   """Dr. MAS: per-agent statistics over (problem, agent), unbiased std; singleton: mean 0, std 1."""
-  return _group_estimate(batch, cfg, space, axis_name, "drmas")
+  return group_estimate(batch, cfg, space, axis_name, "drmas", _drmas_centred)
 
 
 def dr_grpo(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
             axis_name: AxisName = None) -> AdvantageOutput:
   """Dr. GRPO: `r - mean_g`, no std division (avoids up-weighting near-constant groups)."""
-  return _group_estimate(batch, cfg, space, axis_name, "dr_grpo")
-
-
-def rloo(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
-         axis_name: AxisName = None) -> AdvantageOutput:
-  """RLOO: baseline = mean of the *other* samples of the group (unbiased); singletons get 0."""
-  return _group_estimate(batch, cfg, space, axis_name, "rloo")
+  return group_estimate(batch, cfg, space, axis_name, "dr_grpo", _centred)
 
 
 def traj_grpo(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
@@ -150,7 +158,7 @@ def traj_grpo(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
   trajectory has no statistics: mean 0, std 1 (as in Dr. MAS's code). Needs `traj_id`; a
   trajectory's problem is its samples' `problem_id`.
   """
-  check_estimator(cfg, "traj_grpo", space, "num_trajs")
+  check_estimator(cfg, "traj_grpo", space)
   cfg = cfg.resolved()
   n_t, n_p = space.num_trajs, space.num_problems
   traj = batch.traj_id
@@ -168,3 +176,16 @@ def traj_grpo(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
   adv = jnp.where(valid, take(a, traj), 0.0)
   metrics = dict(trajectories=jnp.sum(present).astype(jnp.float32))
   return finalize(adv, None, valid, valid, batch, cfg, axis_name, metrics)
+
+
+
+GRPO = Estimator(grpo, dict(group_by="problem", std_ddof=0, normalize_std=True), grouped=True,
+                 singleton_zero=True, divides_std=True)
+AT_GRPO = Estimator(at_grpo, dict(group_by="problem_turn_agent", std_ddof=1, normalize_std=True),
+                    grouped=True, singleton_zero=True, divides_std=True)
+DRMAS = Estimator(drmas, dict(group_by="problem_agent", std_ddof=1, normalize_std=True),
+                  grouped=True, divides_std=True)  # a singleton keeps its reward
+DR_GRPO = Estimator(dr_grpo, dict(group_by="problem", std_ddof=0, normalize_std=False),
+                    grouped=True, singleton_zero=True)
+TRAJ_GRPO = Estimator(traj_grpo, dict(std_ddof=1, normalize_std=True), divides_std=True,
+                      needs="num_trajs")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from marl_jax.algos import gae
-from marl_jax.algos.advantage_config import (AdvantageConfig, AdvantageOutput, check_estimator,
-                                             finalize)
+from marl_jax.algos.advantage_config import (AdvantageConfig, AdvantageOutput, Estimator,
+                                             check_estimator, finalize)
 from marl_jax.algos.batch import GroupSpace, SampleBatch, mixed_reward, slot_ids
 from marl_jax.algos.segments import AxisName, in_range, moments, seg_max, seg_sum, take
 
@@ -30,7 +30,7 @@ def magrpo(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
   children, whose advantage is 0 (config.build refuses that setting). The node advantage (R minus the sibling baseline, optionally
   z-scored over siblings, then clamped) goes to every agent's sample of the node.
   """
-  check_estimator(cfg, "magrpo", space, "num_nodes")
+  check_estimator(cfg, "magrpo", space)
   cfg = cfg.resolved()
   m, p = space.num_nodes, space.num_problems
   node, parent, pid = batch.node_id, batch.parent_node, batch.problem_id
@@ -78,7 +78,7 @@ def gae_action(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
   next turn: done). Returns (critic targets) are `A + V`. Each (traj, turn, agent) slot must hold
   at most one sample (`slot_collisions` counts violations).
   """
-  check_estimator(cfg, "gae_action", space, "num_trajs")
+  check_estimator(cfg, "gae_action", space)
   cfg = cfg.resolved()
   slot, num, s, ok = slot_ids(batch, space)
   valid = batch.sample_mask & ok
@@ -101,7 +101,7 @@ def gae_token(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
   links go through the slot grid (two chains, each after a `psum`), so a trajectory may be split
   over devices.
   """
-  check_estimator(cfg, "gae_token", space, "num_trajs")
+  check_estimator(cfg, "gae_token", space)
   cfg = cfg.resolved()
   slot, num, s, ok = slot_ids(batch, space)
   tmask = batch.token_mask & (batch.sample_mask & ok)[:, None]
@@ -122,3 +122,11 @@ def gae_token(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
   valid = batch.sample_mask & ok
   metrics = dict(slot_collisions=jnp.sum(cnt > 1).astype(jnp.float32))
   return finalize(adv, returns, valid, valid, batch, cfg, axis_name, metrics)
+
+
+MAGRPO = Estimator(magrpo, dict(std_ddof=0, normalize_std=False, gamma=0.9, clamp=10.0),
+                   divides_std=True, gamma=True, siblings=True, needs="num_nodes")
+GAE_ACTION = Estimator(gae_action, dict(std_ddof=0, normalize_std=False, gamma=0.99, lam=0.95),
+                       gamma=True, lam=True, critic="sample", needs="num_trajs")
+GAE_TOKEN = Estimator(gae_token, dict(std_ddof=0, normalize_std=False, gamma=0.99, lam=0.95),
+                      gamma=True, lam=True, critic="token", needs="num_trajs")

@@ -40,8 +40,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from marl_jax.algos import losses
-from marl_jax.algos.advantage_config import AdvantageOutput
-from marl_jax.algos.advantages import estimate
+from marl_jax.algos.advantage_config import AdvantageConfig, AdvantageOutput, estimate
 from marl_jax.algos.batch import mixed_reward
 from marl_jax.parallel import layouts, policies
 from marl_jax.parallel.mesh import BATCH_AXES, FSDP
@@ -85,10 +84,11 @@ def segment_terms(cfg: TrainConfig, logp, old_logp, advantages, token_mask, ref_
   return jax.vmap(one)(jnp.arange(num_segments))
 
 
-def value_inputs(estimator: str, values, samples, returns, token_mask):
-  """(values, old values, returns, mask) of the value loss: per token (gae_token) or one per
-  sample from the state before the response (gae_action)."""
-  if estimator == "gae_token":
+def value_inputs(advantage: AdvantageConfig, values, samples, returns, token_mask):
+  """(values, old values, returns, mask) of the value loss, where the estimator's record puts the
+  critic's values (`Estimator.critic`): per token, or one per sample from the state before the
+  response."""
+  if advantage.record.critic == "token":
     return values, samples.token_values, returns, token_mask
   count = jnp.sum(token_mask, axis=1, keepdims=True)
   ret = jnp.sum(jnp.where(token_mask, returns, 0.0), axis=1, keepdims=True) / jnp.maximum(count, 1)
@@ -201,7 +201,7 @@ def advantages_and_denominators(cfg: TrainConfig, batch: Any, targets: Any) -> P
   if cfg.policy.critic is not None:
     zeros = jnp.zeros_like(old_logp)
     v0, value_metrics0 = losses.value_loss(
-        *value_inputs(cfg.advantage.estimator, zeros, samples, zeros, tmask), cfg.loss)
+        *value_inputs(cfg.advantage, zeros, samples, zeros, tmask), cfg.loss)
     dens["value"] = jax.lax.psum(v0.den, BATCH_AXES)
   return Prepass(adv, tmask, dens, terms0, metrics0, value_metrics0, is_weight)
 
@@ -213,7 +213,7 @@ def critic_loss(cfg: TrainConfig, params, frozen, specs, b, returns, tmask, dens
   layout = layouts.of(cfg.policy)
   values = policies.critic_values(cfg.policy, params, frozen, specs, b, remat=cfg.train.remat)
   vterm, value_metrics = losses.value_loss(
-      *value_inputs(cfg.advantage.estimator, layout.flatten(cfg.policy, values),
+      *value_inputs(cfg.advantage, layout.flatten(cfg.policy, values),
                     flat_field(cfg, b, "samples"), returns, tmask), cfg.loss)
   return losses.total_loss({"value": vterm}, cfg.loss, {"value": dens["value"]}), value_metrics
 

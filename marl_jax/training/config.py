@@ -230,9 +230,9 @@ def build(c: ml_collections.ConfigDict) -> Built:
                      f"the {c.env.workflow!r} workflow of {c.env.name!r} leaves "
                      f"{spec.num_policies} (agents {list(spec.agents)}, config.policy.share="
                      f"{tuple(c.policy.share)}); expected kind='shared'")
+  advantage = checks.dataclass_of(AdvantageConfig, c.algo, "algo")  # before the rules it names
   checks.team(c, spec)
   trained_agents(c, spec)
-  advantage = checks.dataclass_of(AdvantageConfig, c.algo, "algo")
   checks.rollout_modes(c, spec, advantage)
   unknown = sorted(set(c.eval.env_kwargs) - set(c.env.kwargs))
   if unknown:

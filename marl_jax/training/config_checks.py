@@ -176,13 +176,9 @@ def team(c: ml_collections.ConfigDict, spec: WorkflowSpec) -> None:
   layout = layouts.of(c.policy)
   default = num if layout.per_policy_models else 1  # () = config.model for every model
   critic, estimator = c.policy.critic, c.algo.estimator
-  if critic is not None and (not critic or not all(
-      isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in critic)):
-    raise ValueError(f"config.policy.critic={tuple(critic)!r}; expected hidden sizes, "
-                     "integers >= 1")
-  prefixed(policy_config.check_team, c.policy.kind, num, len(models) or default, critic)
   critic_lib.check_critic(estimator, critic, estimator_field="config.algo.estimator",
                           critic_field="config.policy.critic")
+  prefixed(policy_config.check_team, c.policy.kind, num, len(models) or default, critic)
   if critic is not None and c.rollout.mode != "independent":  # a critic estimator (checked)
     raise ValueError(f"config.rollout.mode={c.rollout.mode!r} puts K samples in one "
                      f"(trajectory, turn, agent) step; estimator {estimator!r} needs "
@@ -197,17 +193,19 @@ def rollout_modes(c: ml_collections.ConfigDict, spec: WorkflowSpec,
     batch_lib.id_layout(mode, k, turns)
   except ValueError as e:
     raise ValueError(f"config.rollout: {e}") from None
-  if algo.estimator == "magrpo" and algo.baseline != "none":
+  record = advantage.record
+  if record.siblings and algo.baseline != "none":  # advantages relative to sibling nodes
+    node = f"{algo.estimator!r} node"
     if mode == "tree":
-      raise ValueError("config.rollout.mode='tree' continues one joint action per turn, so every "
-                       "MAGRPO node is its siblings' only member and every advantage is 0; "
-                       "expected rollout.mode='magrpo_tree' (or 'independent' for one turn)")
+      raise ValueError(f"config.rollout.mode='tree' continues one joint action per turn, so every "
+                       f"{node} is its siblings' only member and every advantage is 0; expected "
+                       "rollout.mode='magrpo_tree' (or 'independent' for one turn)")
     if mode == "independent" and turns > 1:
-      raise ValueError(f"config.rollout.mode='independent' with {turns} turns gives every MAGRPO "
-                       "node after turn 0 no sibling, so its advantage is 0; expected "
+      raise ValueError(f"config.rollout.mode='independent' with {turns} turns gives every {node} "
+                       "after turn 0 no sibling, so its advantage is 0; expected "
                        "rollout.mode='magrpo_tree' (G joint actions from every node)")
     if k < 2:
-      raise ValueError(f"config.rollout.k={k} gives every MAGRPO node no sibling, so every "
+      raise ValueError(f"config.rollout.k={k} gives every {node} no sibling, so every "
                        "advantage is 0; expected k >= 2")
   group_by = advantage.resolved().group_by
   if group_by in STATE_GROUPINGS and spec.num_states == 1:
@@ -219,7 +217,7 @@ def rollout_modes(c: ml_collections.ConfigDict, spec: WorkflowSpec,
                      "dynamic sampling has no problem of its own group to keep; expected "
                      "config.rollout.max_refills=0 or a group_by with a problem factor")
   if (k < 2 and group_by in ("problem_turn_agent", "problem_turn_agent_state")
-      and algo.estimator in ("grpo", "at_grpo", "dr_grpo", "rloo")):
+      and record.singleton_zero):
     raise ValueError(f"config.rollout.k={k} puts one sample in every (problem, turn, agent) group "
                      f"of estimator {algo.estimator!r}, so every advantage is 0; expected k >= 2")
 

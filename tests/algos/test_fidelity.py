@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
-from marl_jax.algos.advantage_config import AdvantageConfig, AdvantageOutput
-from marl_jax.algos.advantages import estimate
+from marl_jax.algos.advantage_config import AdvantageConfig, AdvantageOutput, estimate
 from marl_jax.algos.batch import GroupSpace, make_batch
 from host import cpu_devices
 

@@ -16,8 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marl_jax.algos.advantage_config import AdvantageConfig
-from marl_jax.algos.advantages import ESTIMATORS
+from marl_jax.algos.advantage_config import ESTIMATORS, AdvantageConfig
 from marl_jax.algos.batch import GroupSpace, TrainBatch, make_batch
 from marl_jax.algos.losses import LossConfig
 from marl_jax.algos.optim import OptimConfig

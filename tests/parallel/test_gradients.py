@@ -84,13 +84,15 @@ def test_value_inputs_per_action_and_per_token():
   returns = jnp.asarray([[1.0, 3.0, 9.0], [2.0, 0.0, 0.0]])
   mask = jnp.asarray([[True, True, False], [False, False, False]])
   samples = make_batch([0.0, 0.0], values=[0.5, 0.25], token_values=np.ones((2, 3)))
-  v, old, ret, m = gradients.value_inputs("gae_action", values, samples, returns, mask)
+  v, old, ret, m = gradients.value_inputs(AdvantageConfig("gae_action"), values, samples, returns,
+                                          mask)
   # One value per sample: the state before the response (column 0); return = mean over tokens.
   np.testing.assert_allclose(v, [[1.0], [4.0]])
   np.testing.assert_allclose(old, [[0.5], [0.25]])
   np.testing.assert_allclose(ret, [[2.0], [0.0]])
   np.testing.assert_array_equal(m, [[True], [False]])
-  v, old, ret, m = gradients.value_inputs("gae_token", values, samples, returns, mask)
+  v, old, ret, m = gradients.value_inputs(AdvantageConfig("gae_token"), values, samples, returns,
+                                          mask)
   assert v is values and ret is returns and m is mask
   np.testing.assert_allclose(old, np.ones((2, 3)))
 

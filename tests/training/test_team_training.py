@@ -337,7 +337,7 @@ def _set(**fields):
      r"\(per-policy models are for kind 'mapped'\)"),
     (_set(policy__kind="mapped", policy__models=("smollm2-135m-instruct", "/no/such/model")),
      r"config.policy.models\[1\]='/no/such/model' is neither a known preset"),
-    (_set(algo__estimator="grpo"),
+    (_set(algo__estimator="grpo", algo__gamma=None, algo__lam=None),  # grpo reads neither
      r"config.policy.critic=\(1024, 512\) but config.algo.estimator='grpo' uses no critic"),
     (_set(policy__critic=None), "config.algo.estimator='gae_action' needs a critic"),
     (_set(policy__kind="stacked"),

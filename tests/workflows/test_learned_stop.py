@@ -23,7 +23,7 @@ import pytest
 
 from configs import orchestration_stop
 from marl_jax.algos import batch as batch_lib
-from marl_jax.algos.advantages import estimate
+from marl_jax.algos.advantage_config import estimate
 from marl_jax.traces import replay as replay_lib
 from marl_jax.traces import schema, stats
 from marl_jax.envs.math.orchestration_stop import CheckedStopMathEnv, decision

@@ -14,7 +14,7 @@ import pytest
 
 from configs import orchestration_spawn
 from marl_jax.algos import batch as batch_lib
-from marl_jax.algos.advantages import estimate
+from marl_jax.algos.advantage_config import estimate
 from marl_jax.envs.math import orchestration_spawn as spawn_env
 from marl_jax.traces import replay as replay_lib
 from marl_jax.traces import schema, stats

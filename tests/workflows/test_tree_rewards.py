@@ -18,8 +18,7 @@ import pytest
 import scripted
 from configs import atgrpo_plan_path, magrpo_tldr
 from marl_jax.algos import batch as batch_lib
-from marl_jax.algos.advantage_config import AdvantageConfig
-from marl_jax.algos.advantages import estimate
+from marl_jax.algos.advantage_config import AdvantageConfig, estimate
 from marl_jax.envs import base as envs_base
 from marl_jax.errors import UserInputError
 from marl_jax.parallel import layouts
@@ -285,12 +284,12 @@ def _magrpo_game(**edits):
 
 @pytest.mark.parametrize("config, message", [
     (_magrpo_game(rollout__mode="tree"),
-     "config.rollout.mode='tree' continues one joint action per turn, so every MAGRPO node"),
+     "config.rollout.mode='tree' continues one joint action per turn, so every 'magrpo' node"),
     (_magrpo_game(rollout__mode="independent", env__max_turns=2),
-     "config.rollout.mode='independent' with 2 turns gives every MAGRPO node after turn 0 no "
+     "config.rollout.mode='independent' with 2 turns gives every 'magrpo' node after turn 0 no "
      "sibling"),
     (_magrpo_game(rollout__mode="magrpo_tree", rollout__k=1, env__max_turns=2),
-     "config.rollout.k=1 gives every MAGRPO node no sibling"),
+     "config.rollout.k=1 gives every 'magrpo' node no sibling"),
     (_magrpo_game(rollout__mode="magrpo_tree", rollout__k=8, env__max_turns=4),
      "config.rollout: rollout mode 'magrpo_tree' with k=8 over max_turns=4 grows "
      r"k\*\*max_turns=4096 leaves per problem; expected at most 256"),
