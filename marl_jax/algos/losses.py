@@ -9,16 +9,23 @@ gradients then add up to the full-batch gradient. Micro-batches split the sample
 
 All inputs are [N, T] per token; `token_mask` marks response tokens, and masked positions are
 excluded with `where`, so garbage (even NaN) there never reaches the loss or its gradient.
+
+Every policy loss is one `PolicyLoss` record in `POLICY_LOSSES`: its per-token function and the
+properties the update rules read (`parallel/train_config.py`, `training/config_checks.py`); a new
+loss is its function, its record and one `register` line (docs/design.md).
 """
 from __future__ import annotations
 
 import dataclasses
 
+from collections.abc import Callable
+
 import flax.struct
 import jax
 import jax.numpy as jnp
 
-POLICY_LOSSES = ("ppo", "reinforce", "nll")
+from marl_jax.registry import Registry
+
 RATIO_LEVELS = ("token", "sequence")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_sum")
 KL_ESTIMATORS = ("k1", "k3")
@@ -74,8 +81,9 @@ class LossConfig:
   log_ratio_limit: float = 20.0
 
   def __post_init__(self):
-    for field, allowed in (("policy_loss", POLICY_LOSSES), ("ratio_level", RATIO_LEVELS),
-                           ("aggregation", AGGREGATIONS), ("kl_estimator", KL_ESTIMATORS)):
+    POLICY_LOSSES.get(self.policy_loss)  # refuses an unknown name, listing the known ones
+    for field, allowed in (("ratio_level", RATIO_LEVELS), ("aggregation", AGGREGATIONS),
+                           ("kl_estimator", KL_ESTIMATORS)):
       if getattr(self, field) not in allowed:
         raise ValueError(f"unknown {field} {getattr(self, field)!r}; expected one of "
                          f"{list(allowed)}")
@@ -90,6 +98,11 @@ class LossConfig:
       raise ValueError(f"huber_delta must be > 0, got {self.huber_delta}")
     if not self.log_ratio_limit > 0.0:
       raise ValueError(f"log_ratio_limit must be > 0, got {self.log_ratio_limit}")
+
+  @property
+  def record(self) -> PolicyLoss:
+    """The registered record of `policy_loss`."""
+    return POLICY_LOSSES.get(self.policy_loss)
 
 
 def aggregate(x: jax.Array, token_mask: jax.Array, mode: str) -> NumDen:
@@ -132,6 +145,76 @@ def tis_weight(learner_logp: jax.Array, sampler_logp: jax.Array, cap: float,
   return jnp.minimum(jnp.exp(log_ratio), cap)
 
 
+def _ppo(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, token_mask: jax.Array,
+         cfg: LossConfig) -> tuple[jax.Array, dict[str, NumDen]]:
+  """The clipped surrogate `max(-A r, -A clip(r))` with dual-clip, per token or per sequence."""
+  log_ratio = logp - old_logp
+  if cfg.ratio_level == "sequence":
+    n_tok = jnp.maximum(jnp.sum(token_mask, axis=1, keepdims=True), 1)
+    log_ratio = jnp.sum(log_ratio, axis=1, keepdims=True)
+    adv = jnp.sum(adv, axis=1, keepdims=True) / n_tok  # the response's (constant) advantage
+  log_ratio = jnp.clip(log_ratio, -cfg.log_ratio_limit, cfg.log_ratio_limit)
+  ratio = jnp.exp(log_ratio)
+  loss_plain = -adv * ratio
+  loss_clip = -adv * jnp.clip(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+  per_token = jnp.maximum(loss_plain, loss_clip)
+  dual = jnp.zeros_like(per_token, dtype=bool)
+  if cfg.dual_clip is not None:
+    bound = -adv * cfg.dual_clip
+    dual = (adv < 0) & (per_token > bound)
+    per_token = jnp.where(adv < 0, jnp.minimum(per_token, bound), per_token)
+  shape = token_mask.shape
+  metrics = dict(
+      clip_frac=_token_mean(jnp.broadcast_to(loss_clip > loss_plain, shape), token_mask),
+      dual_clip_frac=_token_mean(jnp.broadcast_to(dual, shape), token_mask),
+      approx_kl=_token_mean(jnp.broadcast_to(ratio - 1.0 - log_ratio, shape), token_mask),
+      ratio=_token_mean(jnp.broadcast_to(ratio, shape), token_mask),
+  )
+  return jnp.broadcast_to(per_token, shape), metrics
+
+
+def _reinforce(logp: jax.Array, old_logp: jax.Array | None, adv: jax.Array,
+               token_mask: jax.Array, cfg: LossConfig) -> tuple[jax.Array, dict[str, NumDen]]:
+  """On-policy `-logp * A` (MAGRPO)."""
+  del old_logp, token_mask, cfg
+  return -logp * adv, {}
+
+
+def _nll(logp: jax.Array, old_logp: jax.Array | None, adv: jax.Array, token_mask: jax.Array,
+         cfg: LossConfig) -> tuple[jax.Array, dict[str, NumDen]]:
+  """`-logp`: supervised fine-tuning on demonstrations; the advantages are unused."""
+  del old_logp, adv, token_mask, cfg
+  return -logp, {}
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLoss:
+  """One policy loss: its per-token function and what the update rules ask about it.
+
+  Attributes:
+    per_token: `(logp, old_logp, advantages, token_mask, cfg) -> (loss [N, T], metrics)`, inputs
+      already zeroed off `token_mask`; the loss is aggregated by `cfg.aggregation`.
+    ratio: weighs by the ratio to the behaviour policy: it needs `old_logp`, its ratio starts at 1
+      only when the learner's temperature is the sampling one (or the learner recomputes the old
+      log-probs), and `train.target_kl` (its approximate KL) applies.
+    on_policy: valid for one update per rollout only (no mini-batches, no epochs).
+  """
+  per_token: Callable[..., tuple[jax.Array, dict[str, NumDen]]]
+  ratio: bool = False
+  on_policy: bool = False
+
+
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy_loss")
+POLICY_LOSSES.register("ppo", PolicyLoss(_ppo, ratio=True))
+POLICY_LOSSES.register("reinforce", PolicyLoss(_reinforce, on_policy=True))
+POLICY_LOSSES.register("nll", PolicyLoss(_nll))
+
+
+def with_property(prop: str) -> list[str]:
+  """The registered policy losses whose record has `prop` set (for error messages)."""
+  return [name for name in POLICY_LOSSES if getattr(POLICY_LOSSES.get(name), prop)]
+
+
 def policy_loss(logp: jax.Array, old_logp: jax.Array | None, advantages: jax.Array,
                 token_mask: jax.Array, cfg: LossConfig, ref_logp: jax.Array | None = None,
                 entropy: jax.Array | None = None, is_weight: jax.Array | None = None
@@ -159,8 +242,9 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array | None, advantages: jax.Arr
     raise ValueError(f"kl_coef={cfg.kl_coef} needs ref_logp (reference log-probs)")
   if cfg.entropy_coef and entropy is None:
     raise ValueError(f"entropy_coef={cfg.entropy_coef} needs the per-token entropy")
-  if cfg.policy_loss == "ppo" and old_logp is None:
-    raise ValueError("policy_loss 'ppo' needs old_logp (behaviour log-probs)")
+  record = cfg.record
+  if record.ratio and old_logp is None:
+    raise ValueError(f"policy_loss {cfg.policy_loss!r} needs old_logp (behaviour log-probs)")
   # Zero masked positions *before* any arithmetic: a NaN there would otherwise leak into the
   # gradient through the unselected branch of a later `where`.
   logp, old_logp, adv, ref_logp, entropy = (
@@ -168,35 +252,7 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array | None, advantages: jax.Arr
       for x in (logp, old_logp, advantages, ref_logp, entropy))
   if is_weight is not None:
     is_weight = jax.lax.stop_gradient(jnp.where(token_mask, is_weight, 0.0))
-  metrics = {}
-  if cfg.policy_loss == "nll":
-    per_token = -logp
-  elif cfg.policy_loss == "reinforce":
-    per_token = -logp * adv
-  else:
-    log_ratio = logp - old_logp
-    if cfg.ratio_level == "sequence":
-      n_tok = jnp.maximum(jnp.sum(token_mask, axis=1, keepdims=True), 1)
-      log_ratio = jnp.sum(log_ratio, axis=1, keepdims=True)
-      adv = jnp.sum(adv, axis=1, keepdims=True) / n_tok  # the response's (constant) advantage
-    log_ratio = jnp.clip(log_ratio, -cfg.log_ratio_limit, cfg.log_ratio_limit)
-    ratio = jnp.exp(log_ratio)
-    loss_plain = -adv * ratio
-    loss_clip = -adv * jnp.clip(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
-    per_token = jnp.maximum(loss_plain, loss_clip)
-    dual = jnp.zeros_like(per_token, dtype=bool)
-    if cfg.dual_clip is not None:
-      bound = -adv * cfg.dual_clip
-      dual = (adv < 0) & (per_token > bound)
-      per_token = jnp.where(adv < 0, jnp.minimum(per_token, bound), per_token)
-    shape = token_mask.shape
-    metrics.update(
-        clip_frac=_token_mean(jnp.broadcast_to(loss_clip > loss_plain, shape), token_mask),
-        dual_clip_frac=_token_mean(jnp.broadcast_to(dual, shape), token_mask),
-        approx_kl=_token_mean(jnp.broadcast_to(ratio - 1.0 - log_ratio, shape), token_mask),
-        ratio=_token_mean(jnp.broadcast_to(ratio, shape), token_mask),
-    )
-    per_token = jnp.broadcast_to(per_token, shape)
+  per_token, metrics = record.per_token(logp, old_logp, adv, token_mask, cfg)
   if is_weight is not None:
     per_token = per_token * is_weight
   terms = {"policy": aggregate(per_token, token_mask, cfg.aggregation)}

@@ -114,13 +114,14 @@ class TrainSettings:
 
 def check_update_rules(train: TrainSettings, loss: losses.LossConfig) -> None:
   """The rules between the train settings and the loss (ValueError naming both fields)."""
-  if loss.policy_loss == "reinforce" and (train.epochs > 1 or train.mini_batch_size is not None):
-    raise ValueError(f"loss.policy_loss='reinforce' is on-policy (one update per rollout); got "
-                     f"train.epochs={train.epochs}, train.mini_batch_size="
+  if loss.record.on_policy and (train.epochs > 1 or train.mini_batch_size is not None):
+    raise ValueError(f"loss.policy_loss={loss.policy_loss!r} is on-policy (one update per "
+                     f"rollout); got train.epochs={train.epochs}, train.mini_batch_size="
                      f"{train.mini_batch_size}, expected 1 and None")
-  if train.target_kl is not None and loss.policy_loss != "ppo":
-    raise ValueError(f"train.target_kl={train.target_kl} uses PPO's approximate KL; expected "
-                     f"loss.policy_loss='ppo', got {loss.policy_loss!r}")
+  if train.target_kl is not None and not loss.record.ratio:
+    raise ValueError(f"train.target_kl={train.target_kl} uses the approximate KL of a ratio loss; "
+                     f"expected loss.policy_loss in {losses.with_property('ratio')}, got "
+                     f"{loss.policy_loss!r}")
 
 
 @flax.struct.dataclass

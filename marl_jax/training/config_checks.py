@@ -257,7 +257,7 @@ def learner_temperature(c: ml_collections.ConfigDict,
   """PPO ratios start at 1 only when each agent's learner temperature is the one its samples were
   drawn at (`temperatures`: agent -> (learner, sampling)), unless the learner recomputes the old
   log-probs itself."""
-  if loss.policy_loss != "ppo" or c.train.recompute_old_logp:
+  if not loss.record.ratio or c.train.recompute_old_logp:
     return
   for agent, (learner, sampled) in temperatures.items():
     if learner != sampled:

@@ -7,8 +7,11 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
+from marl_jax.algos import losses as losses_lib
 from marl_jax.algos.losses import (LossConfig, NumDen, aggregate, policy_loss, total_loss,
                                    value_loss)
+from marl_jax.parallel.train_config import TrainSettings, check_update_rules
+from marl_jax.registry import Registry
 from host import cpu_devices
 
 TOL = dict(rtol=1e-5, atol=1e-6)
@@ -244,3 +247,30 @@ def test_nll_is_the_token_mean_negative_log_likelihood():
   assert float(terms["policy"].den) == m.sum() and metrics == {}
   other, _ = policy_loss(x["logp"], None, -3 * x["adv_tok"], x["mask"], cfg)
   assert float(other["policy"].value()) == float(terms["policy"].value())
+
+
+def test_a_new_loss_is_its_function_and_record(monkeypatch):
+  """A loss registered with its record is computed by its function, and the update rules read
+  the record's properties, not its name."""
+  table = Registry("policy_loss")
+  table.register("ppo", losses_lib.POLICY_LOSSES.get("ppo"))
+  table.register("squared", losses_lib.PolicyLoss(
+      lambda logp, old_logp, adv, mask, cfg: (jnp.square(logp) * adv, {}), on_policy=True))
+  monkeypatch.setattr(losses_lib, "POLICY_LOSSES", table)
+  x = make_inputs()
+  cfg = LossConfig(policy_loss="squared")
+  terms, metrics = policy_loss(jnp.asarray(x["logp"]), None, jnp.asarray(x["adv_tok"]),
+                               jnp.asarray(x["mask"]), cfg)
+  want = np.sum(np.where(x["mask"], x["logp"].astype(np.float64) ** 2 * x["adv_tok"], 0.0))
+  np.testing.assert_allclose(float(terms["policy"].value()), want / x["mask"].sum(), **TOL)
+  assert metrics == {}
+  with pytest.raises(ValueError, match=r"loss.policy_loss='squared' is on-policy .* expected 1 "
+                                       r"and None"):
+    check_update_rules(TrainSettings(epochs=2), cfg)
+  with pytest.raises(ValueError, match=r"train.target_kl=0.1 uses the approximate KL of a ratio "
+                                       r"loss; expected loss.policy_loss in \['ppo'\], got "
+                                       r"'squared'"):
+    check_update_rules(TrainSettings(target_kl=0.1), cfg)
+  with pytest.raises(ValueError, match=r"unknown policy_loss 'reinforce'; expected one of "
+                                       r"\['ppo', 'squared'\]"):
+    LossConfig(policy_loss="reinforce")

@@ -347,7 +347,8 @@ def _set(**fields):
     (_set(train__target_kl=-1.0),
      "config.train.target_kl=-1.0; expected a finite number > 0 or None"),
     (_set(loss__policy_loss="reinforce", train__target_kl=0.1),
-     "config.train.target_kl=0.1 uses PPO's approximate KL; expected loss.policy_loss='ppo'"),
+     r"config.train.target_kl=0.1 uses the approximate KL of a ratio loss; expected "
+     r"loss.policy_loss in \['ppo'\]"),
 ])
 def test_team_config_errors_fail_before_compute(edit, message):
   c = marft_math.get_config("action,cpu")
