@@ -20,6 +20,7 @@ from marl_jax.algos.losses import LossConfig
 from marl_jax.models import config as model_config
 from marl_jax.models import precision as precision_lib
 from marl_jax.parallel import layouts, policy_config
+from marl_jax.sampling.params import SamplingParams
 from marl_jax.training import refill
 from marl_jax.workflows.spec import WorkflowSpec
 
@@ -83,8 +84,7 @@ def values(c: ml_collections.ConfigDict) -> None:
       raise ValueError(f"config.{field}={name!r} is neither a known preset "
                        f"({sorted(model_config.PRESETS)}) nor an existing file or directory")
   for field in ("rollout.k", "rollout.problems_per_step", "env.max_turns", "eval.every",
-                "eval.num_problems", "eval.k", "checkpoint.every_steps", "checkpoint.max_to_keep",
-                "sampling.max_new_tokens"):
+                "eval.num_problems", "eval.k", "checkpoint.every_steps", "checkpoint.max_to_keep"):
     value = _field(c, field)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ValueError(f"config.{field}={value!r}; expected an integer >= 1")
@@ -102,17 +102,11 @@ def values(c: ml_collections.ConfigDict) -> None:
     value = _field(c, field)
     if not _number(value) or not math.isfinite(value) or value <= 0:
       raise ValueError(f"config.{field}={value!r}; expected a finite number > 0")
-  for field in ("sampling.temperature", "eval.temperature"):
-    value = _field(c, field)
-    if not _number(value) or not math.isfinite(value) or value < 0:
-      raise ValueError(f"config.{field}={value!r}; expected a finite number >= 0 (0: greedy)")
-  top_k = c.sampling.top_k
-  if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
-    raise ValueError(f"config.sampling.top_k={top_k!r}; expected an integer >= 0 (0: off)")
-  for field in ("sampling.top_p", "eval.top_p"):
-    value = _field(c, field)
-    if value is not None and (isinstance(value, bool) or not 0.0 < value <= 1.0):
-      raise ValueError(f"config.{field}={value!r}; expected a number in (0, 1]")
+  for name in ("temperature", "top_p", "top_k", "max_new_tokens", "stop"):
+    sampling_rule("sampling", name, c.sampling[name])
+  for name in ("temperature", "top_p"):
+    if c.eval[name] is not None:  # eval.top_p None: sampling.top_p
+      sampling_rule("eval", name, c.eval[name])
 
 
 def _field(c: ml_collections.ConfigDict, field: str) -> Any:
@@ -223,33 +217,32 @@ def rollout_modes(c: ml_collections.ConfigDict, spec: WorkflowSpec,
 
 
 def sampling(c: ml_collections.ConfigDict, spec: WorkflowSpec) -> None:
-  """The stop strings, and each `sampling.per_agent` override: set only for an agent of the run's
-  workflow, each value in its field's range (the global fields: `values`)."""
-  _stop_strings(c.sampling.stop, "sampling.stop")
+  """Each `sampling.per_agent` override: set only for an agent of the run's workflow, each value
+  in its field's range (the global fields: `values`)."""
   for agent, section in c.sampling.per_agent.items():
     for name, value in section.items():
       if value is None:
         continue
-      field = f"sampling.per_agent.{agent}.{name}"
       if agent not in spec.agents:
-        raise ValueError(f"config.{field}={value!r} names agent {agent!r}, which workflow "
-                         f"{c.env.workflow!r} of {c.env.name!r} does not have; expected an "
-                         f"agent of {list(spec.agents)}")
-      if name == "temperature" and not (_number(value) and math.isfinite(value) and value >= 0):
-        raise ValueError(f"config.{field}={value!r}; expected a finite number >= 0 (0: greedy)")
-      if name == "top_p" and not (_number(value) and 0.0 < value <= 1.0):
-        raise ValueError(f"config.{field}={value!r}; expected a number in (0, 1]")
-      if name == "max_new_tokens" and not (isinstance(value, int) and not isinstance(value, bool)
-                                           and value >= 1):
-        raise ValueError(f"config.{field}={value!r}; expected an integer >= 1")
-      if name == "stop":
-        _stop_strings(value, field)
+        raise ValueError(f"config.sampling.per_agent.{agent}.{name}={value!r} names agent "
+                         f"{agent!r}, which workflow {c.env.workflow!r} of {c.env.name!r} does "
+                         f"not have; expected an agent of {list(spec.agents)}")
+      sampling_rule(f"sampling.per_agent.{agent}", name, value)
 
 
-def _stop_strings(value: Any, field: str) -> None:
-  if not (isinstance(value, (tuple, list)) and all(isinstance(s, str) and s for s in value)):
-    raise ValueError(f"config.{field}={value!r}; expected a tuple of non-empty strings, e.g. "
-                     "('</answer>',)")
+# A sampling config field -> the `SamplingParams` field whose check is its rule.
+_SAMPLING_PARAMS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                    "max_new_tokens": "max_new_tokens", "stop": "stop_strings"}
+
+
+def sampling_rule(section: str, name: str, value: Any) -> None:
+  """Config field `section.name` checked by `SamplingParams`' own rule (sampling/params.py, the
+  one home of the sampling rules), its refusal naming the config field."""
+  param = _SAMPLING_PARAMS[name]
+  try:
+    SamplingParams(**{param: value})
+  except ValueError as e:
+    raise ValueError(f"config.{section}.{name}{str(e).removeprefix(param)}") from None
 
 
 def learner_temperature(c: ml_collections.ConfigDict,

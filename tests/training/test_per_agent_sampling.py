@@ -159,12 +159,12 @@ def test_config_gives_rollout_evaluation_and_learner_each_agents_settings():
      "agent 'verifier', which workflow 'mas' of 'toy_vowel_pair' does not have; expected an "
      "agent of ['first', 'second']"),
     ("first.temperature", -1.0, "config.sampling.per_agent.first.temperature=-1.0; expected a "
-     "finite number >= 0 (0: greedy)"),
+     "finite number >= 0 (0 = greedy)"),
     ("first.top_p", 0.0, "config.sampling.per_agent.first.top_p=0.0; expected a number in "
      "(0, 1]"),
     ("second.max_new_tokens", 0, "config.sampling.per_agent.second.max_new_tokens=0; expected "
      "an integer >= 1"),
-    ("second.stop", ("",), "config.sampling.per_agent.second.stop=('',); expected a tuple of "
+    ("second.stop", ("",), "config.sampling.per_agent.second.stop contains ['']; expected "
      "non-empty strings"),
 ])
 def test_bad_overrides_are_refused(field, value, message):
