@@ -5,12 +5,29 @@ test module imports jax. The suite is a CPU suite on any host: on a GPU or TPU m
 runs on the CPU (JAX_PLATFORMS=cpu unless the caller set it), and a host whose XLA_FLAGS already
 holds options (GPU images often set some) keeps them and gains the device count.
 Multi-device tests that find fewer devices skip with the reason (`host.cpu_devices`).
+
+Every compilation of the session (its subprocesses' too, which inherit XLA_FLAGS) gets the
+options of `host.SUITE_XLA_FLAGS`, probed in a child process since this process's XLA reads its
+flags once, when its backend starts; the xdist workers and test subprocesses get them through the
+environment. MARL_JAX_TEST_XLA_OPTIONS=none runs the suite with XLA's defaults.
 """
 import os
+import pathlib
+import subprocess
+import sys
 
+_SUITE = "MARL_JAX_TEST_SUITE_XLA_FLAGS"  # the probed options, once per session
+if _SUITE not in os.environ:
+  os.environ[_SUITE] = subprocess.run(
+      [sys.executable, "-c", "import host; print(host.SUITE_XLA_FLAGS)"],
+      cwd=pathlib.Path(__file__).parent, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+      capture_output=True, text=True, check=True).stdout.strip()
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
-  os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count=8".strip()
+  _flags = f"{_flags} --xla_force_host_platform_device_count=8"
+if os.environ[_SUITE] not in _flags:
+  _flags = f"{_flags} {os.environ[_SUITE]}"
+os.environ["XLA_FLAGS"] = _flags.strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("WANDB_MODE", "disabled")
 
@@ -20,16 +37,24 @@ import pytest  # noqa: E402
 from jax.experimental.compilation_cache import compilation_cache  # noqa: E402
 
 
+@pytest.fixture(scope="session")
+def _compile_cache_dir(tmp_path_factory) -> str:
+  """One directory per test process (an xdist worker writes only its own: jax's cache writes
+  without a lock)."""
+  return str(tmp_path_factory.mktemp("xla_cache"))
+
+
 @pytest.fixture(scope="module")
-def shared_compiles(tmp_path_factory):
-  """A persistent compilation cache for one module's runs, restored afterwards: trainer runs
-  that build the same step again (resumes, runs compared with each other) load its programs
-  instead of compiling them. Use with `pytestmark = pytest.mark.usefixtures("shared_compiles")`."""
+def shared_compiles(_compile_cache_dir):
+  """A persistent compilation cache for the runs of the modules that use it, restored after each:
+  trainer runs that build the same programs again (resumes, runs compared with each other, the
+  same tiny model's sampler in another module) load them instead of compiling them. Use with
+  `pytestmark = pytest.mark.usefixtures("shared_compiles")`."""
   names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
            "jax_persistent_cache_min_entry_size_bytes")
   saved = {n: getattr(jax.config, n) for n in names}
   compilation_cache.reset_cache()
-  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
+  jax.config.update("jax_compilation_cache_dir", _compile_cache_dir)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   yield

@@ -1,5 +1,6 @@
-"""Runs an `experiments` entry point as a user would (a subprocess on CPU with 8 host devices) and
-reads its one-line `error:` report; shared by the entry-point tests."""
+"""Runs an `experiments` entry point as a user would (a subprocess on CPU with 8 host devices and
+the suite's compiler options) and reads its one-line `error:` report; shared by the entry-point
+tests."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import os
 import subprocess
 import sys
 
+import host
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(module: str, *args: str) -> subprocess.CompletedProcess:
   env = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+         "XLA_FLAGS": f"--xla_force_host_platform_device_count=8 {host.SUITE_XLA_FLAGS}"}
   return subprocess.run([sys.executable, "-m", f"experiments.{module}", *args], cwd=REPO,
                         capture_output=True, text=True, timeout=300, env=env)
 

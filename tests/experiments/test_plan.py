@@ -20,6 +20,7 @@ from marl_jax.errors import UserInputError
 from marl_jax.models.config import get_preset
 from marl_jax.parallel import layouts, policies
 from marl_jax.parallel.train_step import make_train_step
+import host
 from host import cpu_devices
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -186,8 +187,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
       [sys.executable, "-m", "experiments.plan", "--config=configs/atgrpo_plan_path.py:cpu",
        "--config.model=tiny-llama", "--config.sampling.max_new_tokens=16", "--devices=4",
        f"--prompt_tokens={PROMPT}", *args], cwd=REPO, capture_output=True, text=True,
-      timeout=300, env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {
-          "PYTHONPATH": REPO})
+      timeout=300, env=os.environ | {"XLA_FLAGS": host.SUITE_XLA_FLAGS, "PYTHONPATH": REPO})
 
 
 def test_cli_plans_on_fake_devices_and_refuses_what_does_not_fit():

@@ -24,6 +24,7 @@ import pytest
 from marl_jax.training import checkpoint
 from marl_jax.training.checkpoint import Checkpointer, CheckpointWriteError
 from marl_jax.training.checkpoint_integrity import CheckpointDamagedError
+import host
 from host import cpu_devices
 
 REPO = Path(__file__).resolve().parents[2]
@@ -233,8 +234,8 @@ def _reference(num_steps: int) -> list[tuple[str, int]]:
 
 
 def _child(workdir: Path, num_steps: int) -> subprocess.Popen:
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1",
-             PYTHONPATH=str(REPO))
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
+             XLA_FLAGS=f"--xla_force_host_platform_device_count=1 {host.SUITE_XLA_FLAGS}")
   return subprocess.Popen([sys.executable, "-c", _CHILD_SRC, str(workdir), str(num_steps)],
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
                           cwd=REPO)

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+import host
 import toy_task
 from marl_jax.algos import logprobs
 from marl_jax.traces import store
@@ -36,7 +37,7 @@ def model_dir(tmp_path_factory):
 
 def _env():
   env = dict(os.environ, JAX_PLATFORMS="cpu", WANDB_MODE="disabled")
-  env.pop("XLA_FLAGS", None)  # one device, as in a plain run
+  env["XLA_FLAGS"] = host.SUITE_XLA_FLAGS  # one device, as in a plain run
   return env
 
 
