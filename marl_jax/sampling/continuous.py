@@ -6,9 +6,11 @@ Each `step`:
      the longest cached prefix of the request's page-aligned blocks (`kv_pool`), share those
      pages, allocate the rest of its prompt; a request whose next block is being prefilled by
      another waits for it; when pages run out, admission stops (back-pressure) until some free;
-  2. prefill admitted prompts, `prefill_rows` requests x at most `prefill_chunk` tokens per
-     call, up to `prefill_tokens` tokens this step (a long prompt is spread over steps while the
-     others keep decoding); a prompt's last chunk draws its first token;
+  2. prefill admitted prompts, `prefill_chunk` tokens per call (rows x a chunk width fitted to
+     the first waiting prompt: one 256-token chunk, or 4 of 64, or 16 of 16 tails of prompts
+     whose first blocks were cached), up to `prefill_tokens` tokens this step (a long prompt is
+     spread over steps while the others keep decoding); a prompt's last chunk draws its first
+     token;
   3. one decode call of up to `decode_steps` steps over every decoding request, packed into the
      smallest power-of-two batch that holds them (finished rows never ride along for more than
      one call); pages for the call's tokens are allocated before it, and if none are left the
@@ -35,7 +37,9 @@ import collections
 import dataclasses
 import functools
 import math
+import time
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -63,14 +67,16 @@ def _chunk_bucket(n: int) -> int:
 
 
 @functools.cache
-def _programs(config: ModelConfig):
+def _programs(config: ModelConfig, compiler_options: tuple[tuple[str, Any], ...] = ()):
   """(prefill, decode) jitted for `config`, the pools donated (updated in place); shared by
-  every engine of that architecture (a team's per-policy engines compile once)."""
+  every engine of that architecture (a team's per-policy engines compile once).
+  `compiler_options`: XLA options as (name, value) pairs (none by default)."""
+  jit = functools.partial(jax.jit, donate_argnums=(1, 2),
+                          compiler_options=dict(compiler_options) or None)
   statics = ("attend", "modes", "candidates")
-  prefill = jax.jit(functools.partial(paged_runner.prefill, config=config),
-                    static_argnames=statics, donate_argnums=(1, 2))
-  decode = jax.jit(functools.partial(paged_runner.decode, config=config),
-                   static_argnames=statics + ("steps",), donate_argnums=(1, 2))
+  prefill = jit(functools.partial(paged_runner.prefill, config=config), static_argnames=statics)
+  decode = jit(functools.partial(paged_runner.decode, config=config),
+               static_argnames=statics + ("steps",))
   return prefill, decode
 
 
@@ -139,6 +145,18 @@ class ContinuousEngine:
            version: int = 0) -> None:
     self._params, self._adapters, self._version = params, adapters, version
     self.kv.clear()
+    self._place_pool(jax.tree.leaves(params)[0].sharding)
+
+  def _place_pool(self, params_sharding: jax.sharding.Sharding) -> None:
+    """The pool on the params' devices: replicated over their mesh when they are sharded (FSDP
+    params gather per layer inside the programs; sharding the pool is left for later), else on
+    their device."""
+    if isinstance(params_sharding, jax.sharding.NamedSharding):
+      target = jax.sharding.NamedSharding(params_sharding.mesh, jax.sharding.PartitionSpec())
+    else:
+      target = jax.sharding.SingleDeviceSharding(next(iter(params_sharding.device_set)))
+    if self._k.sharding != target:
+      self._k, self._v = jax.device_put((self._k, self._v), target)
 
   def submit(self, requests: Sequence[EngineRequest]) -> None:
     if self._params is None:
@@ -251,16 +269,20 @@ class ContinuousEngine:
     while some request is decoding."""
     o, spent = self.options, 0
     while True:
-      rows = [s for s in self._running if s.cached < s.target][:o.prefill_rows]
+      rows = [s for s in self._running if s.cached < s.target]
       if not rows or (spent >= o.prefill_tokens and any(s.decoding for s in self._running)):
         return
       spent += self._prefill_call(rows)
 
-  def _prefill_call(self, rows: list[_Seq]) -> int:
+  def _prefill_call(self, waiting: list[_Seq]) -> int:
+    """One prefill call of `prefill_chunk` tokens: the chunk width fits the first waiting
+    prompt's remainder (a power-of-4 multiple of MIN_CHUNK), the rows are the first
+    prefill_chunk / width waiting prompts; returns the real tokens computed."""
     o, size = self.options, self.options.page_size
-    chunks = [min(o.prefill_chunk, s.target - s.cached) for s in rows]
-    B = bucket(len(rows), 1)
-    C = min(_chunk_bucket(max(chunks)), o.prefill_chunk)
+    C = min(_chunk_bucket(waiting[0].target - waiting[0].cached), o.prefill_chunk)
+    B = o.prefill_chunk // C
+    rows = waiting[:B]
+    chunks = [min(C, s.target - s.cached) for s in rows]
     P = self._table_width(rows)
     tokens = np.zeros((B, C), np.int32)
     starts, counts = np.zeros(B, np.int32), np.zeros(B, np.int32)
@@ -273,15 +295,20 @@ class ContinuousEngine:
     attend = paged_attention.choose(o.attention, decode=False, q_shape=(B, C),
                                     pool_shape=self._k.shape, pages=P, dtype=self._k.dtype)
     self._signatures.add(("prefill", B, C, P, modes))
+    start = time.perf_counter()
     self._k, self._v, first, logp = self._prefill(
         self._params, self._k, self._v, tokens, starts, counts, tables, keys, knobs, ids,
         self._adapters, attend=attend, modes=modes, candidates=o.top_candidates)
-    first, logp = np.asarray(first), np.asarray(logp)
+    first, logp = jax.device_get((first, logp))
+    self._stats["prefill_s"] += time.perf_counter() - start
     for i, (s, n) in enumerate(zip(rows, chunks)):
       s.cached += n
       self.kv.mark_ready(s.pages[:s.cached // size])
       if s.cached == s.target and s.generated == 0:
-        self._append(s, [int(first[i])], [float(logp[i])], stopped=int(first[i]) in s.stop_ids)
+        s.tokens.append(int(first[i]))
+        s.logprobs.append(float(logp[i]))
+        s.stopped = int(first[i]) in s.stop_ids
+        self._finish_if_done(s)
     self._stats["prefill_calls"] += 1
     self._stats["prefilled_tokens"] += sum(chunks)
     return sum(chunks)
@@ -308,18 +335,22 @@ class ContinuousEngine:
                                              self.config.head_dim),
                                     pool_shape=self._k.shape, pages=P, dtype=self._k.dtype)
     self._signatures.add(("decode", B, P, K, modes))
+    start = time.perf_counter()
     self._k, self._v, out_tokens, out_logp, after, stopped = self._decode(
         self._params, self._k, self._v, tokens, lengths, produced, max_new, stop_ids, live,
         tables, keys, knobs, ids, self._adapters, attend=attend, steps=o.decode_steps,
         modes=modes, candidates=o.top_candidates)
     out_tokens, out_logp, after, stopped = jax.device_get((out_tokens, out_logp, after, stopped))
+    self._stats["decode_s"] += time.perf_counter() - start
     for i, s in enumerate(rows):
       n = int(after[i]) - s.generated
       s.cached += n
-      self._append(s, out_tokens[i, :n].tolist(), out_logp[i, :n].tolist(), bool(stopped[i]))
-      if s in self._running:
-        self._register(s, upto=s.cached)
-        self.kv.mark_ready(s.pages[:s.cached // size])
+      s.tokens += out_tokens[i, :n].tolist()
+      s.logprobs += out_logp[i, :n].tolist()
+      s.stopped = bool(stopped[i])
+      self._register(s, upto=s.cached)  # the blocks this call filled (before any release)
+      self.kv.mark_ready(s.pages[:s.cached // size])
+      self._finish_if_done(s)
     new = after[:len(rows)] - produced[:len(rows)]
     self._stats["decode_calls"] += 1
     self._stats["decode_tokens"] += int(new.sum())
@@ -377,13 +408,10 @@ class ContinuousEngine:
     modes = frozenset(s.request.sampling.mode for s in self._running + list(self._waiting))
     return knobs_of(settings), keys, ids, modes
 
-  def _append(self, seq: _Seq, tokens: list[int], logprobs: list[float], stopped: bool) -> None:
-    """Adds generated tokens; finishes seq at a stop token, its budget or a stop string."""
-    seq.tokens += tokens
-    seq.logprobs += logprobs
-    seq.stopped = stopped
+  def _finish_if_done(self, seq: _Seq) -> None:
+    """Finishes seq at a stop token, its budget or a stop string in its text."""
     sampling = seq.request.sampling
-    done = stopped or seq.generated >= sampling.max_new_tokens
+    done = seq.stopped or seq.generated >= sampling.max_new_tokens
     if not done and sampling.stop_strings and self.tokenizer is not None:
       text = self.tokenizer.decode(seq.tokens[seq.prompt_length:])
       done = stops.find(text, sampling.stop_strings) >= 0

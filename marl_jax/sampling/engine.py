@@ -102,9 +102,9 @@ class EngineOptions:
     pool_gib: when > 0, the pool's size in GiB of K/V instead of `pool_tokens`.
     decode_steps: decode steps per device call (K): finished requests leave, and waiting ones
       enter, between calls.
-    prefill_chunk: most prompt tokens of one request prefilled per call (longer prompts are
-      prefilled in chunks between decode calls).
-    prefill_rows: requests prefilled together in one call.
+    prefill_chunk: prompt tokens one prefill call computes, as rows x width: a 16 * 4^k-token
+      chunk of each of prefill_chunk / (16 * 4^k) requests (longer prompts are prefilled in
+      chunks); a power of two >= 16.
     prefill_tokens: prompt tokens prefilled per step (between two decode calls) while some
       request is decoding; with none decoding, prefill runs until every admitted prompt is in.
     prefix_cache: reuse cached pages of page-aligned prompt blocks seen before (same tokens from
@@ -119,7 +119,6 @@ class EngineOptions:
   pool_gib: float = 0.0
   decode_steps: int = 8
   prefill_chunk: int = 256
-  prefill_rows: int = 4
   prefill_tokens: int = 2048
   prefix_cache: bool = True
   attention: str = "auto"
@@ -127,10 +126,12 @@ class EngineOptions:
 
   def __post_init__(self):
     for name in ("slots", "page_size", "pool_tokens", "decode_steps", "prefill_chunk",
-                 "prefill_rows", "prefill_tokens", "top_candidates"):
+                 "prefill_tokens", "top_candidates"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r}; expected an integer >= 1")
+    if self.prefill_chunk < 16 or self.prefill_chunk & (self.prefill_chunk - 1):
+      raise ValueError(f"prefill_chunk={self.prefill_chunk!r}; expected a power of two >= 16")
     if not isinstance(self.pool_gib, (int, float)) or not self.pool_gib >= 0:
       raise ValueError(f"pool_gib={self.pool_gib!r}; expected a number >= 0 (0 = size the pool "
                        "by pool_tokens)")

@@ -125,6 +125,7 @@ class Sampler:
     self.decode_block = decode_block
     self.top_candidates = top_candidates
     self.share_prompts = share_prompts
+    self.last_call: dict[str, int] = {}  # the last `generate` call's work (`StaticEngine.stats`)
     self.pad_id = 0 if tokenizer is None else int(tokenizer.pad_id)
     self._generate = jax.jit(
         functools.partial(_generate_tokens, config=config, pad_id=self.pad_id,
@@ -183,6 +184,13 @@ class Sampler:
                          new_slots=round_up(sampling.max_new_tokens, b.new_token_multiple),
                          modes=frozenset({sampling.mode}))
     out = jax.device_get(out)
+    U, width = tokens.shape
+    new_slots = round_up(sampling.max_new_tokens, b.new_token_multiple)
+    # What the call computed and held: the rows' decode row-steps (every row rides along until
+    # the longest ends), the distinct prompts prefilled, and the dense cache's token slots.
+    self.last_call = {"row_steps": rows.size * int(out.lengths.max()),
+                      "prefilled_tokens": int(mask.sum()),
+                      "cache_tokens": U * width + rows.size * new_slots}
     at = np.zeros((n_rows,), np.int64)  # row i's place in the [U * R] output
     flat = rows.reshape(-1)
     at[flat[flat >= 0]] = np.nonzero(flat >= 0)[0]

@@ -17,6 +17,7 @@ import numpy as np
 
 from marl_jax.models import decoder
 from marl_jax.models.config import ModelConfig
+from marl_jax.sampling import paged_runner
 from marl_jax.sampling.engine import Completion, EngineRequest, Tokenizer
 from marl_jax.sampling.sampler import Sampler
 
@@ -30,7 +31,9 @@ class StaticEngine:
     self._params = self._adapters = None
     self._version = 0
     self._queue: list[EngineRequest] = []
-    self._stats = {"requests": 0.0, "calls": 0.0, "prompt_tokens": 0.0, "new_tokens": 0.0}
+    self._stats = dict.fromkeys(("requests", "calls", "prompt_tokens", "prefilled_tokens",
+                                 "decode_tokens", "decode_row_steps", "peak_kv_bytes"), 0.0)
+    self._token_bytes = paged_runner.bytes_per_token(config)
 
   def load(self, params: decoder.Params, adapters: decoder.LoraAdapters | None = None,
            version: int = 0) -> None:
@@ -61,12 +64,20 @@ class StaticEngine:
                                           sampling, keys, adapters=adapters)
       out += [dataclasses.replace(c, request_id=r.request_id, policy_version=self._version)
               for c, r in zip(completions, requests)]
+      call = self.sampler.last_call
       self._stats["calls"] += 1
       self._stats["prompt_tokens"] += sum(len(r.prompt) for r in requests)
-      self._stats["new_tokens"] += sum(len(c.tokens) for c in completions)
+      self._stats["prefilled_tokens"] += call["prefilled_tokens"]
+      self._stats["decode_tokens"] += sum(len(c.tokens) for c in completions)
+      self._stats["decode_row_steps"] += call["row_steps"]
+      self._stats["peak_kv_bytes"] = max(self._stats["peak_kv_bytes"],
+                                         call["cache_tokens"] * self._token_bytes)
     self._stats["requests"] += len(queue)
     return out
 
   def stats(self) -> dict[str, float]:
+    """The continuous engine's counters where they apply: prompt tokens requested and
+    prefilled (each distinct prompt of a call once), decode tokens and the row-steps computed
+    for them, and the largest dense cache a call held (rows x padded widths)."""
     return dict(self._stats)
 

@@ -279,7 +279,9 @@ def rollout(problems: Sequence[Problem], spec: WorkflowSpec, policy: Generate | 
 
 
 class _Run:
-  """One rollout's live state: episodes waiting for replies or programs, and what they made."""
+  """One rollout's live state: episodes waiting for replies, programs or env steps, and what
+  they made. Programs and env steps run in worker threads (`jobs`); everything that touches the
+  shared records runs here, in the rollout's thread."""
 
   def __init__(self, spec: WorkflowSpec, cfg: RolloutConfig, responder: Responder):
     self.spec, self.cfg, self.responder = spec, cfg, responder
@@ -289,8 +291,7 @@ class _Run:
     self.safety_events = 0
     self.pool: concurrent.futures.ThreadPoolExecutor | None = None
     self.waiting: dict[int, tuple[_Episode, envs_base.Observation, list[Generation | None]]] = {}
-    self.tools: dict[concurrent.futures.Future, tuple[int, int]] = {}  # -> (episode, reply)
-    self.outputs: dict[int, list[str | None]] = {}  # episode -> its replies' program outputs
+    self.jobs: dict[concurrent.futures.Future, Callable[[Any], None]] = {}  # -> when done
     self._next = 0
 
   def launch(self, ep: _Episode) -> None:
@@ -310,59 +311,66 @@ class _Run:
                             spec.policy_id(agent)) for j in range(count)])
 
   def loop(self) -> None:
-    """Until every episode has finished: collect replies, run programs, step episodes."""
+    """Until every episode has finished: collect replies, finish jobs, step episodes. A
+    responder that serves in waves is asked only once no job runs (its next wave then holds
+    every episode's next request, as lock-step waves did)."""
     while self.waiting:
-      done = [f for f in self.tools if f.done()]
+      done = [f for f in self.jobs if f.done()]
       for future in done:
-        self._tool_done(future)
-      if self.responder.pending and (self.responder.streams or not self.tools):
+        self.jobs.pop(future)(future.result())
+      if self.responder.pending and (self.responder.streams or not self.jobs):
         for (uid, j), reply in self.responder.collect():
           self._reply(uid, j, reply)
-      elif self.tools and not done:
-        concurrent.futures.wait(self.tools, return_when=concurrent.futures.FIRST_COMPLETED)
+      elif self.jobs and not done:
+        concurrent.futures.wait(self.jobs, return_when=concurrent.futures.FIRST_COMPLETED)
 
   def _reply(self, uid: int, j: int, reply: Generation) -> None:
-    ep, obs, replies = self.waiting[uid]
+    ep, _, replies = self.waiting[uid]
     replies[j] = reply
     if any(r is None for r in replies):
       return  # a tree group waits for its own K siblings
     if ep.cursor.agent not in self.spec.tool_agents:
       self._step(uid, [None] * len(replies))
       return
-    outputs = self.outputs[uid] = [""] * len(replies)  # a reply with no program yields no output
+    outputs = [""] * len(replies)  # a reply with no program yields no output
+    programs = [(i, actions_lib.extract_code(gen.text)) for i, gen in enumerate(replies)]
+    programs = [(i, code) for i, code in programs if code is not None]
+    if not programs:
+      self._step(uid, outputs)
+      return
+    left = [len(programs)]
     run = functools.partial(sandbox.run, timeout_s=self.cfg.tool_timeout_s,
                             memory_mb=self.cfg.tool_memory_mb)
-    for i, gen in enumerate(replies):
-      code = actions_lib.extract_code(gen.text)
-      if code is not None:
-        self.tools[self.pool.submit(run, code)] = (uid, i)
-    if not any(owner == uid for owner, _ in self.tools.values()):
-      self._step(uid, self.outputs.pop(uid))
-
-  def _tool_done(self, future: concurrent.futures.Future) -> None:
-    uid, i = self.tools.pop(future)
-    result = future.result()
-    self.outputs[uid][i] = (result.stdout if result.ok
-                            else f"{result.stdout}\n[error: {result.error}]")
-    if not any(owner == uid for owner, _ in self.tools.values()):
-      self._step(uid, self.outputs.pop(uid))
+    for i, code in programs:
+      def done(result, i=i):
+        outputs[i] = result.stdout if result.ok else f"{result.stdout}\n[error: {result.error}]"
+        left[0] -= 1
+        if not left[0]:
+          self._step(uid, outputs)
+      self.jobs[self.pool.submit(run, code)] = done
 
   def _step(self, uid: int, tool_outputs: list[str | None]) -> None:
-    """Steps the episode with its replies (each branch with its own at a fork), then launches
-    what follows or finishes it."""
-    ep, obs, replies = self.waiting.pop(uid)
+    """Steps the episode with its replies (each branch with its own at a fork) in a worker,
+    then records the steps and launches what follows or finishes the episode(s)."""
+    ep, obs, replies = self.waiting[uid]
     cfg = self.cfg
-    per_branch_team = cfg.mode != "independent"
     if cfg.mode == "magrpo_tree" and not ep.open:  # one branch per joint action
       _, branching = batch_lib.id_layout(cfg.mode, cfg.k, self.spec.max_turns)
       steps = [(b, [replies[g]], [tool_outputs[g]])
                for g, b in enumerate(_fork(ep, cfg.k, branching, self.spec.max_turns))]
     else:
       steps = [(ep, replies, tool_outputs)]
-    for g, (branch, gens, outs) in enumerate(steps):
+    job = self.pool.submit(lambda: [_env_steps(*step) for step in steps])
+    self.jobs[job] = lambda stepped: self._record(uid, steps, stepped)
+
+  def _record(self, uid: int, steps: list, stepped: list[list[Stepped]]) -> None:
+    ep, obs, _ = self.waiting.pop(uid)
+    per_branch_team = self.cfg.mode != "independent"
+    for g, ((branch, gens, outs), results) in enumerate(zip(steps, stepped)):
       first = len(self.samples)
-      self.safety_events += _step_episode(branch, self.spec, obs, gens, outs, self.samples,
-                                          cfg.mode == "tree", per_branch_team)
+      self.safety_events += _step_episode(branch, self.spec, obs, gens, outs, results,
+                                          self.samples, self.cfg.mode == "tree",
+                                          per_branch_team)
       self.order += [(ep.steps, ep.lineage, g + j) for j in range(len(self.samples) - first)]
       branch.steps = ep.steps + 1
       if len(steps) > 1:
@@ -399,23 +407,39 @@ def _start(problem: Problem, spec: WorkflowSpec, cfg: RolloutConfig, traj_id: in
   return ep
 
 
-def _step_episode(ep: _Episode, spec: WorkflowSpec, obs: envs_base.Observation,
-                  replies: list[Generation], tool_outputs: list[str | None],
-                  samples: list[Sample], tree: bool, per_branch_team: bool) -> int:
-  """Steps each reply (to the prompt `obs`) on its own clone, keeps the best (tree) or the
-  only one, records it all; returns how many of the steps raised (safety events).
-  With `per_branch_team` each sample's team reward is its own clone's success after the step."""
-  agent, turn, messages = ep.cursor.agent, ep.cursor.turn, obs.messages()
-  candidates, raised = [], 0
-  for j, (gen, tool_output) in enumerate(zip(replies, tool_outputs)):
+# (the env after the step, its StepResult or None, the exception the step raised or None)
+Stepped = tuple[Any, envs_base.StepResult | None, Exception | None]
+
+
+def _env_steps(ep: _Episode, replies: list[Generation], tool_outputs: list[str | None]
+               ) -> list[Stepped]:
+  """Steps each reply on its own clone of ep's env (a worker thread runs this: the envs are the
+  episode's own, and a code env's judge runs in the sandbox meanwhile)."""
+  agent, out = ep.cursor.agent, []
+  for gen, tool_output in zip(replies, tool_outputs):
     env = ep.env.clone()
     kwargs = {} if tool_output is None else {"tool_output": tool_output}
     try:
-      result = env.step(agent, gen.text, **kwargs)
+      out.append((env, env.step(agent, gen.text, **kwargs), None))
     except sandbox.IsolationUnavailable:
       raise  # the run's configuration, not the reply, is at fault
     except Exception as e:  # a reply must never stop the run: a failed sample, ending its branch
-      env, result = ep.env.clone(), _safety_event(ep, agent, e)
+      out.append((ep.env.clone(), None, e))
+  return out
+
+
+def _step_episode(ep: _Episode, spec: WorkflowSpec, obs: envs_base.Observation,
+                  replies: list[Generation], tool_outputs: list[str | None],
+                  stepped: list[Stepped], samples: list[Sample], tree: bool,
+                  per_branch_team: bool) -> int:
+  """Records each reply (to the prompt `obs`) stepped on its own clone (`_env_steps`), keeps the
+  best (tree) or the only one; returns how many of the steps raised (safety events).
+  With `per_branch_team` each sample's team reward is its own clone's success after the step."""
+  agent, turn, messages = ep.cursor.agent, ep.cursor.turn, obs.messages()
+  candidates, raised = [], 0
+  for j, (gen, (env, result, error)) in enumerate(zip(replies, stepped)):
+    if error is not None:
+      result = _safety_event(ep, agent, error)
       raised += 1
     samples.append(Sample(ep.problem.problem_id, ep.traj_id, turn, agent, spec.agent_id(agent),
                           spec.policy_id(agent), j if tree else ep.traj_id, ep.parent,
