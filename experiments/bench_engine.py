@@ -15,9 +15,10 @@ Workloads (the embedded SmolLM2-135M, fp32, every rollout setting from the confi
                   (problem, turn, agent) group, 64-token replies).
   code_tester     configs/atgrpo_code.py:cpu with 2 turns: a coder, then a unit-test writer,
                   each env step judging programs in the sandbox; tree sampling.
-  heavy_tail      64 single-call requests (the math prompts, 8 problems x 8 samples) whose
-                  budgets are heavy-tailed, as long reasoning produces at scale: 56 of 64 stop at
-                  16 tokens, 8 run to 256 (no stop token: each reply runs to its budget).
+  heavy_tail      64 single-call requests sampled alike (T = 1, a 256-token budget, the
+                  end-of-turn stop token) whose reply lengths are heavy-tailed, as long reasoning
+                  produces at scale: 56 ask for a sum's number only, 8 for a long story, and the
+                  model's own replies decide the lengths (reported per arm).
 
 Each arm rolls out one warm-up round (compiling its programs) and `--rounds` timed rounds on
 fresh problems; figures are the timed rounds' sums. The torch arm serves the rollout's lock-step
@@ -100,19 +101,22 @@ def build(name: str):
 
 
 def heavy_tail_requests(run, round_index: int) -> list[tuple[list[int], Any]]:
-  """64 (prompt ids, SamplingParams) of the heavy-tailed mix: 8 math prompts x 8 samples, 7 in
-  8 with a 16-token budget and 1 in 8 with 256, no stop token."""
+  """64 (prompt ids, SamplingParams) of the heavy-tailed mix, every one sampled alike (T = 1,
+  a 256-token budget, the tokenizer's end-of-turn stop): 56 ask for a number only, 8 for a long
+  story, so the model's own replies are mostly short with a few at the budget."""
+  import numpy as np
+
   from marl_jax.sampling.params import SamplingParams
-  from marl_jax.training import setup
   from marl_jax.training.llm_policy import prompt_ids
 
+  rng = np.random.default_rng(round_index)
+  sampling = SamplingParams(max_new_tokens=256, temperature=1.0)
   out = []
-  for p in setup.problems(run.c, 1000 * (round_index + 1), 8):
-    messages = p.make().observe(run.spec.agents[0]).messages()
-    prompt = prompt_ids(run.tokenizers[0], messages)
-    for j in range(8):
-      out.append((prompt, SamplingParams(max_new_tokens=256 if j == 7 else 16,
-                                         temperature=1.0, stop_token_ids=())))
+  for i in range(64):
+    a, b = (int(x) for x in rng.integers(2, 99, 2))
+    text = (f"Write a long, detailed story about a robot who counts to {a * b}." if i % 8 == 7
+            else f"What is {a} + {b}? Reply with the number only.")
+    out.append((prompt_ids(run.tokenizers[0], [{"role": "user", "content": text}]), sampling))
   return out
 
 
@@ -201,8 +205,10 @@ def heavy_tail_round(arm: str, run, engine, torch_model, round_index: int) -> di
     key = jax.random.fold_in(run.run_key, round_index)
     replies = run_all(engine, [EngineRequest(i, tuple(p), s, request_key(key, i))
                                for i, (p, s) in enumerate(items)])
+  lengths = sorted(len(c.tokens) for c in replies)
   return {"seconds": time.perf_counter() - start, "episodes": len(items),
-          "new_tokens": sum(len(c.tokens) for c in replies)}
+          "new_tokens": sum(lengths), "lengths": [lengths[len(lengths) // 2], lengths[-8],
+                                                  lengths[-1]]}
 
 
 def run_arm(name: str, arm: str, c, run, torch_model, compile_log: list[float]) -> dict:
@@ -227,15 +233,17 @@ def run_arm(name: str, arm: str, c, run, torch_model, compile_log: list[float]) 
                        setup.sampling_params(c, c.sampling.temperature, c.sampling.top_p),
                        run.run_key, setup.agent_sampling_params(c, run.spec.agents),
                        engine=arm, options=options)
-  totals = {"seconds": 0.0, "episodes": 0, "new_tokens": 0}
+  totals: dict[str, Any] = {"seconds": 0.0, "episodes": 0, "new_tokens": 0}
   for r in range(_ROUNDS.value + 1):  # round 0: the warm-up (compiles)
     if name == "heavy_tail":
       got = heavy_tail_round(arm, run, engine, torch_model, r)
     else:
       got = episodes_round(arm, c, run, policy, torch_model, r)
     if r:
-      for k in totals:
+      for k in ("seconds", "episodes", "new_tokens"):
         totals[k] += got[k]
+      if "lengths" in got:  # median, 8th longest and longest reply of the round
+        totals.setdefault("reply_lengths_p50_top8_max", []).append(got["lengths"])
   out = {"arm": arm, **totals, "episodes_per_s": totals["episodes"] / totals["seconds"],
          "new_tokens_per_s": totals["new_tokens"] / totals["seconds"],
          "compilations": len(compile_log) - compiles_before,

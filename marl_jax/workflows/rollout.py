@@ -16,17 +16,18 @@ Three rollout modes (docs/papers.md sections 1 and 3):
                estimator turns them into `R = r + gamma * mean(children)` minus the sibling mean.
 
 Episodes advance independently. Each live episode submits its next request(s) (one, or K in
-tree mode and at a magrpo_tree fork) to a `Responder` as soon as its previous reply is stepped;
+tree mode and at a magrpo_tree fork) to a `Responder` once its previous reply is stepped;
 replies come back as they finish, a tree group is stepped once its own K siblings are in, and a
-tool agent's program runs in the sandbox (in a worker thread) while the engine keeps decoding the
-other episodes. An engine-backed policy (`training/llm_policy.py`) streams replies from the
-continuous engine; a plain `Generate` function is served in lock-step waves (`Waves`: every
-pending request in one call per policy, after every running program has returned), which is
-also what the static engine does. Every request carries its identity (episode, turn, agent,
-sample), from which an engine-backed policy derives its sampling key, so replies do not depend on
-the order in which episodes advance; the rollout's samples are put in one canonical order at the
-end (the order of lock-step waves: by step, then episode lineage, then candidate), so a rollout
-returns the same samples whichever responder served it.
+tool agent's program and every env step (a code env's judge runs programs too) run in worker
+threads while the engine keeps decoding the other episodes (`_Run`: rounds in an order that
+does not depend on thread timing). An engine-backed policy (`training/llm_policy.py`) streams
+replies from the continuous engine; a plain `Generate` function is served in lock-step waves
+(`Waves`: every pending request in one call per policy, once every running job has returned),
+which is also what the static engine does. Every request carries its identity (episode, turn,
+agent, sample), from which an engine-backed policy derives its sampling key, so replies do not
+depend on the order in which episodes advance; the rollout's samples are put in one canonical
+order at the end (the order of lock-step waves: by step, then episode lineage, then candidate),
+so a rollout returns the same samples whichever responder served it.
 
 Rewards: an environment step returns additive agent-keyed contributions. The acting agent's entry
 goes to the sample just produced; entries for other agents go to those agents' samples of the same
@@ -281,7 +282,16 @@ def rollout(problems: Sequence[Problem], spec: WorkflowSpec, policy: Generate | 
 class _Run:
   """One rollout's live state: episodes waiting for replies, programs or env steps, and what
   they made. Programs and env steps run in worker threads (`jobs`); everything that touches the
-  shared records runs here, in the rollout's thread."""
+  shared records runs here, in the rollout's thread, in an order that does not depend on thread
+  timing (so a rollout is reproducible run to run, a resumed run's included):
+
+    each round: submit the requests launched last round (sorted by ticket), run one responder
+    step while last round's jobs run in their threads, apply those jobs' results in the order
+    they were submitted, then this step's replies (which submit the next round's jobs).
+
+  The jobs of one round thus overlap the next engine step; an episode's next request waits one
+  round for its env step. A responder that serves in waves (`streams` False) is only asked once
+  no job runs, so its next wave holds every episode's next request, as lock-step waves did."""
 
   def __init__(self, spec: WorkflowSpec, cfg: RolloutConfig, responder: Responder):
     self.spec, self.cfg, self.responder = spec, cfg, responder
@@ -290,12 +300,13 @@ class _Run:
     self.episodes: list[Episode] = []
     self.safety_events = 0
     self.pool: concurrent.futures.ThreadPoolExecutor | None = None
-    self.waiting: dict[int, tuple[_Episode, envs_base.Observation, list[Generation | None]]] = {}
-    self.jobs: dict[concurrent.futures.Future, Callable[[Any], None]] = {}  # -> when done
-    self._next = 0
+    # (steps, lineage) -> the episode, its observation and its replies so far
+    self.waiting: dict[tuple, tuple[_Episode, envs_base.Observation, list[Generation | None]]] = {}
+    self.launched: list[Ticket] = []  # requests to submit at the next round
+    self.jobs: list[tuple[concurrent.futures.Future, Callable[[Any], None]]] = []
 
   def launch(self, ep: _Episode) -> None:
-    """Submits the request(s) of ep's next step: K at a tree step or a magrpo_tree fork."""
+    """Queues the request(s) of ep's next step: K at a tree step or a magrpo_tree fork."""
     spec, agent = self.spec, ep.cursor.agent
     obs = ep.env.observe(agent)
     if not (isinstance(obs.state, int) and 0 <= obs.state < spec.num_states):
@@ -303,28 +314,31 @@ class _Run:
                        f"expected an int in [0, {spec.num_states}) (the workflow's num_states)")
     fork = self.cfg.mode == "magrpo_tree" and not ep.open
     count = self.cfg.k if self.cfg.mode == "tree" or fork else 1
-    uid, self._next = self._next, self._next + 1
+    uid = (ep.steps, ep.lineage)  # unique among waiting episodes, and their canonical order
     self.waiting[uid] = (ep, obs, [None] * count)
     messages = obs.messages()
     ids = (ep.traj_id, ep.cursor.turn, spec.agent_id(agent))
-    self.responder.submit([((uid, j), Request(messages, agent, ep.env, ids + (j,)),
-                            spec.policy_id(agent)) for j in range(count)])
+    self.launched += [((uid, j), Request(messages, agent, ep.env, ids + (j,)),
+                       spec.policy_id(agent)) for j in range(count)]
 
   def loop(self) -> None:
-    """Until every episode has finished: collect replies, finish jobs, step episodes. A
-    responder that serves in waves is asked only once no job runs (its next wave then holds
-    every episode's next request, as lock-step waves did)."""
+    """Rounds (see the class docstring) until every episode has finished."""
     while self.waiting:
-      done = [f for f in self.jobs if f.done()]
-      for future in done:
-        self.jobs.pop(future)(future.result())
-      if self.responder.pending and (self.responder.streams or not self.jobs):
-        for (uid, j), reply in self.responder.collect():
-          self._reply(uid, j, reply)
-      elif self.jobs and not done:
-        concurrent.futures.wait(self.jobs, return_when=concurrent.futures.FIRST_COMPLETED)
+      if self.launched:
+        self.responder.submit(sorted(self.launched, key=lambda t: t[0]))
+        self.launched = []
+      running, self.jobs = self.jobs, []
+      ask = self.responder.pending and (self.responder.streams or not running)
+      replies = self.responder.collect() if ask else []
+      for future, done in running:
+        done(future.result())
+      for (uid, j), reply in replies:
+        self._reply(uid, j, reply)
 
-  def _reply(self, uid: int, j: int, reply: Generation) -> None:
+  def _submit(self, fn: Callable[[], Any], done: Callable[[Any], None]) -> None:
+    self.jobs.append((self.pool.submit(fn), done))
+
+  def _reply(self, uid: tuple, j: int, reply: Generation) -> None:
     ep, _, replies = self.waiting[uid]
     replies[j] = reply
     if any(r is None for r in replies):
@@ -347,9 +361,9 @@ class _Run:
         left[0] -= 1
         if not left[0]:
           self._step(uid, outputs)
-      self.jobs[self.pool.submit(run, code)] = done
+      self._submit(functools.partial(run, code), done)
 
-  def _step(self, uid: int, tool_outputs: list[str | None]) -> None:
+  def _step(self, uid: tuple, tool_outputs: list[str | None]) -> None:
     """Steps the episode with its replies (each branch with its own at a fork) in a worker,
     then records the steps and launches what follows or finishes the episode(s)."""
     ep, obs, replies = self.waiting[uid]
@@ -360,10 +374,10 @@ class _Run:
                for g, b in enumerate(_fork(ep, cfg.k, branching, self.spec.max_turns))]
     else:
       steps = [(ep, replies, tool_outputs)]
-    job = self.pool.submit(lambda: [_env_steps(*step) for step in steps])
-    self.jobs[job] = lambda stepped: self._record(uid, steps, stepped)
+    self._submit(lambda: [_env_steps(*step) for step in steps],
+                 lambda stepped: self._record(uid, steps, stepped))
 
-  def _record(self, uid: int, steps: list, stepped: list[list[Stepped]]) -> None:
+  def _record(self, uid: tuple, steps: list, stepped: list[list[Stepped]]) -> None:
     ep, obs, _ = self.waiting.pop(uid)
     per_branch_team = self.cfg.mode != "independent"
     for g, ((branch, gens, outs), results) in enumerate(zip(steps, stepped)):
