@@ -27,8 +27,9 @@ refill. On an H200 a step of Qwen3-1.7B over 64 rows is ~7 ms (DESIGN.md), so K 
 host's ~2 ms per call under 4 % of the device time; larger K amortises more and refills later.
 
 Compiled programs: decode per (rows bucket, table-width bucket, stop-id bucket, draw modes);
-prefill per (rows bucket, chunk-width bucket, table-width bucket, draw modes). Buckets are
-powers of two, so a run sees a handful (`stats()["programs"]` counts them).
+prefill per (chunk width, table-width bucket, draw modes), its rows fixed by the width. Rows
+and table widths are powers of two, chunk widths powers of 4 times 16, and the draw modes are
+those of every request in the engine, so a run sees a handful (`stats()["programs"]`).
 """
 
 from __future__ import annotations
@@ -290,7 +291,7 @@ class ContinuousEngine:
     for i, (s, n) in enumerate(zip(rows, chunks)):
       tokens[i, :n] = s.tokens[s.cached:s.cached + n]
       starts[i], counts[i] = s.cached, n
-      tables[i, :len(s.pages[:P])] = s.pages[:P]
+      tables[i, :len(s.pages)] = s.pages
     knobs, keys, ids, modes = self._row_inputs(rows, B)
     attend = paged_attention.choose(o.attention, decode=False, q_shape=(B, C),
                                     pool_shape=self._k.shape, pages=P, dtype=self._k.dtype)

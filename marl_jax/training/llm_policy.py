@@ -43,11 +43,12 @@ def prompt_ids(tokenizer: Tokenizer, messages: Sequence[dict[str, str]]) -> list
 class LLMPolicy:
   """Samples replies for any policy of a team. `sampling`: every agent's settings, except the
   agents `per_agent` names. `engine` and `options`: `config.rollout.engine` and
-  `config.engine`."""
+  `config.engine`; `engines`: another LLMPolicy's `engines`, to share them."""
 
   def __init__(self, policy: PolicyConfig, tokenizers: Sequence[Any], sampling: SamplingParams,
                key: jax.Array, per_agent: Mapping[str, SamplingParams] | None = None, *,
-               engine: str = "continuous", options: EngineOptions = EngineOptions()):
+               engine: str = "continuous", options: EngineOptions = EngineOptions(),
+               engines: dict | None = None):
     if len(tokenizers) != len(policy.models):
       raise ValueError(f"{len(tokenizers)} tokenizers for the {len(policy.models)} model "
                        f"config(s) of a {policy.kind!r} policy; expected one per model")
@@ -59,8 +60,10 @@ class LLMPolicy:
     self.per_agent = dict(per_agent or {})
     self.layout = layouts.of(policy)
     self.engine_name, self.options = engine, options
-    # engine id -> (model index, engine, whether requests pick a LoRA adapter row)
-    self.engines: dict[int, tuple[int, RolloutEngine, bool]] = {}
+    # engine id -> (model index, engine, whether requests pick a LoRA adapter row); `engines`:
+    # another LLMPolicy's (the trainer's evaluation shares the rollouts' engines and K/V pools:
+    # requests carry their own settings and keys)
+    self.engines: dict[int, tuple[int, RolloutEngine, bool]] = {} if engines is None else engines
     self.key, self.version = key, 0
 
   def reseed(self, key: jax.Array, version: int = 0) -> None:

@@ -216,7 +216,7 @@ class Run:
                                  setup.sampling_params(c, c.eval.temperature, eval_top_p),
                                  self.run_key,
                                  setup.agent_sampling_params(c, self.spec.agents, for_eval=True),
-                                 **engine)
+                                 engines=self.train_policy.engines, **engine)
     self.checkpointer = Checkpointer.from_config(c.checkpoint, workdir, read_only=not trains,
                                                  identity=run_identity.identity(c))
     self.sft_shape = self.sft_cfg = self.sft_fns = None
