@@ -28,7 +28,9 @@ Two styles:
             else (a generator, its own class) fails that test.
   stdio     per case the worker runs the candidate as `__main__` with the case's input as stdin
             and returns what it printed; the judge compares outputs token by token: equal text,
-            or two finite numbers within 1e-6 (`nan` and `inf` equal no number).
+            an integer with the same value as an expected integer (exactly, at any size), or,
+            where the expected token is a real (a decimal point or an exponent), a real within
+            1e-6 of it (absolute, or relative above 1; `nan` and `inf` equal no number).
 
 Whatever the candidate does in the worker (print "pass" lines, monkeypatch builtins, `sys.exit`,
 `os._exit(0)`, kill itself) changes at most the values it returns or ends the worker: a dead or
@@ -160,25 +162,37 @@ for _line in _inbox:
   _outbox.write(json.dumps(_reply) + "\n")
   _outbox.flush()
 '''
-# The judge's output comparison (stdio style), separate so that it is tested as written.
+# The judge's output comparison (stdio style), separate so that it is tested as written. A
+# token is an integer (ASCII digits, optional sign), a real (a decimal point or an exponent) or
+# text. Integers compare exactly, by their digits (no float rounding, no size limit: a wrong
+# answer of 10^9 digits is wrong, and int() would refuse over 4300 digits); only an expected real
+# admits the 1e-6 tolerance, as CodeContests-style checkers state it for real-valued answers.
 _JUDGE_COMPARE = r'''
-import math
+import math, re
+_INT = re.compile(r"[+-]?[0-9]+")
+_REAL = re.compile(r"[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def _integer(token):
+  # (negative, digits without leading zeros): equal exactly when the integers are.
+  digits = token.lstrip("+-").lstrip("0") or "0"
+  return (token[0] == "-" and digits != "0", digits)
+
+
+def _same_token(got, want):
+  if got == want:
+    return True
+  if _INT.fullmatch(want):
+    return _INT.fullmatch(got) is not None and _integer(got) == _integer(want)
+  if not (_REAL.fullmatch(want) and _REAL.fullmatch(got)):
+    return False
+  g, w = float(got), float(want)
+  return math.isfinite(g) and math.isfinite(w) and abs(g - w) <= 1e-6 * max(1.0, abs(w))
 
 
 def _same(got, want):
   a, b = got.split(), want.split()
-  if len(a) != len(b):
-    return False
-  for x, y in zip(a, b):
-    if x == y:
-      continue
-    try:
-      fx, fy = float(x), float(y)
-    except ValueError:
-      return False
-    if not (math.isfinite(fx) and math.isfinite(fy)) or abs(fx - fy) > 1e-6 * max(1.0, abs(fy)):
-      return False
-  return True
+  return len(a) == len(b) and all(_same_token(x, y) for x, y in zip(a, b))
 '''
 _JUDGE = _CODEC + _JUDGE_COMPARE + r'''
 import builtins, ctypes, importlib, json, os, select, signal, subprocess, sys, time

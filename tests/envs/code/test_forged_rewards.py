@@ -97,10 +97,61 @@ def test_tester_expecting_nan_is_not_paid_for_a_wrong_program():
   assert result.rewards == {"tester": 0.0}
 
 
-def test_same_compares_exact_text_or_finite_numbers():
+def _judge_same():
   judge = {}
   exec(code_harness._JUDGE_COMPARE, judge)
-  same = judge["_same"]
+  return judge["_same"]
+
+
+def test_same_compares_exact_text_or_finite_numbers():
+  same = _judge_same()
   assert same("3\n", "3") and same("0.1000000001", "0.1") and same("Infinity", "Infinity")
   assert not same("nan", "5") and not same("inf", "1e999") and not same("nan", "NaN")
   assert not same("0.2", "0.1") and not same("1 2", "1")
+
+
+def test_same_compares_integers_exactly_at_any_size():
+  same = _judge_same()
+  big = 2**53 + 1  # a float cannot hold it: float(big) == float(big - 1)
+  assert float(big) == float(big - 1)
+  assert not same(str(big - 1), str(big)) and same(str(big), str(big))
+  assert not same("1000006781", "1000006281")  # the answer + 500: 5e-7 relative
+  assert same("007", "7") and same("+7", "7") and same("-0", "0") and not same("-7", "7")
+  assert not same("5.0", "5") and not same("5e0", "5")  # an integer is expected: an integer
+  assert same("5", "5.0") and same("2.0000001", "2.0")  # a real is expected: within 1e-6
+  assert not same("2.00001", "2.0")
+  digits = "9" * 5000  # past int()'s 4300-digit limit: compared by its digits
+  assert same(digits, digits) and not same(digits[:-1] + "8", digits)
+
+
+_TRIANGLE = CodeProblem.from_dict({
+    "question": "Read n and print n * (n + 1) // 2.", "style": "stdio",
+    "tests": [{"input": "44721", "output": "1000006281"},  # 44721 * 44722 / 2
+              {"input": "100000", "output": "5000050000"},
+              {"input": "2000000", "output": "2000001000000"}]})
+
+
+@pytest.mark.parametrize("program, passed", [
+    ("n = int(input())\nprint(n * (n + 1) // 2)", 3),
+    ("n = int(input())\nprint(n * (n + 1) // 2 + 500)", 0),  # scored 3/3 with a float tolerance
+    ("n = int(input())\nprint(n * (n - 1) // 2)", 0),  # passed the 2,000,000 case
+    ("n = int(input())\nprint(float(n * (n + 1) // 2))", 0),  # 2000001000000.0: not an integer
+], ids=["right", "plus_500", "off_by_one", "as_float"])
+def test_large_integer_answers_are_judged_exactly(program, passed):
+  for case in _TRIANGLE.tests:  # the expected outputs are what they claim
+    n = int(case["input"])
+    assert int(case["output"]) == n * (n + 1) // 2
+  assert code_harness.run_tests([_TRIANGLE.job(program)], FAST)[0].passed == passed
+
+
+def test_answers_modulo_a_prime_and_beyond_float_precision_are_exact():
+  modulus = 10**9 + 7
+  cases = [(n, pow(2, n, modulus)) for n in (10**5, 10**9, 10**18)]
+  problem = CodeProblem.from_dict({
+      "question": "Print 2^n mod 1e9+7; then print 3^n.", "style": "stdio",
+      "tests": [{"input": str(n), "output": f"{r}\n{3**60}"} for n, r in cases]})
+  right = "n = int(input())\nprint(pow(2, n, 10**9 + 7))\nprint(3**60)"
+  off = "n = int(input())\nprint(pow(2, n, 10**9 + 7) + 1)\nprint(3**60)"
+  near = "n = int(input())\nprint(pow(2, n, 10**9 + 7))\nprint(3**60 + 1)"  # 3^60 > 2^53
+  reports = code_harness.run_tests([problem.job(p) for p in (right, off, near)], FAST)
+  assert [r.passed for r in reports] == [3, 0, 0]
