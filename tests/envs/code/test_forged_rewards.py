@@ -155,3 +155,57 @@ def test_answers_modulo_a_prime_and_beyond_float_precision_are_exact():
   near = "n = int(input())\nprint(pow(2, n, 10**9 + 7))\nprint(3**60 + 1)"  # 3^60 > 2^53
   reports = code_harness.run_tests([problem.job(p) for p in (right, off, near)], FAST)
   assert [r.passed for r in reports] == [3, 0, 0]
+
+
+def test_humaneval_asserts_that_cannot_fail_are_not_tests():
+  """HumanEval's `assert True, "..."` lines: on 36 problems (48 lines) every program that loads
+  passed them. The counted tests are every statement with an assert except those (read off the
+  text here), so every problem keeps its real tests."""
+  problems = [CodeProblem.from_dict(p) for p in code_data.humaneval()]
+  vacuous = {p.id: [s for s in p.tests if s.startswith("assert True")] for p in problems}
+  vacuous = {k: v for k, v in vacuous.items() if v}
+  assert len(vacuous) == 36 and sum(map(len, vacuous.values())) == 48
+  for p in problems:
+    names = code_harness.candidate_names(p.job(""))
+    assert names == {p.entry_point, "candidate"}
+    counted = [code_harness.is_counted(s, names) for s in p.tests]
+    assert counted == [("assert" in s and not s.startswith("assert True")) for s in p.tests]
+    assert any(counted)
+
+
+_VOWELS = CodeProblem.from_dict(code_data.humaneval()[64])  # 7 tests and one `assert True`
+
+
+@pytest.mark.parametrize("main, total", [
+    ("def vowels_count(s):\n    return aux(s) - 100\n", 0.4 + 0.6 + 0.5),  # was 3.125
+    ("def vowels_count(s):\n    return -100\n", 0.4 + 0.6 + 0.5),  # was 1.625
+    ("def vowels_count(s):\n    n = aux(s)\n    return n + (s[-1] in 'yY')\n",
+     0.4 + 0.6 + 0.5 + 1.0 + 0.5 + 1.0),
+], ids=["garbage_calling_aux", "garbage", "right"])
+def test_magrpo_gate_opens_only_on_a_real_test(main, total):
+  aux = "```python\ndef aux(s):\n    return sum(c in 'aeiouAEIOU' for c in s)\n```"
+  reward = code_magrpo.aux_main_reward(aux, f"```python\n{main}```", _VOWELS, FAST)
+  assert reward.total == pytest.approx(total)
+
+
+def test_a_tests_own_names_are_not_the_candidate():
+  """MBPP-like (no entry point): `x` is the test's, `f` the candidate's; only the assert that
+  calls `f` is a test, so a wrong `f` passes nothing."""
+  problem = CodeProblem.from_dict({"question": "sum a list", "style": "function",
+                                   "tests": ["x = [1, 2]", "assert x == [1, 2]",
+                                             "assert f(x) == 3", "assert True"]})
+  assert code_harness.candidate_names(problem.job("")) == {"f"}
+  assert code_harness.run_tests([problem.job("def f(xs):\n    return 0\n")], FAST)[0].statuses \
+      == ("fail",)
+  assert _ratio(problem, "def f(xs):\n    return sum(xs)\n") == 1.0
+
+
+def test_a_testers_asserts_that_cannot_fail_are_not_paid():
+  problem = CodeProblem.from_dict({"question": "add", "style": "function", "entry_point": "add",
+                                   "prompt": "def add(a, b):\n    pass\n",
+                                   "tests": ["assert add(1, 2) == 3"]})
+  env = CodeEnv(problem, workflow="atgrpo", limits=FAST)
+  env.step("coder", "```python\ndef add(a, b):\n    return 0\n```")
+  vacuous = env.step("tester", "```python\nassert True\nassert 1 == 1\nadd = max\n"
+                               "assert add(1, 2) == 2\n```")
+  assert vacuous.rewards == {"tester": 0.0} and not env.agreed
