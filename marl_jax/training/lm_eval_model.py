@@ -20,7 +20,9 @@ learner's), scored in LM-head slices so no [rows, T, vocab] logits are held whol
 `get_rolling_token_windows`), so scores are comparable with its `hf` model's.
 
 lm-eval is an optional dependency (requirements-eval.txt); this module imports it and registers the
-model on import, which `experiments/harness.py` does before handing over to lm-eval's CLI.
+model on import, which `experiments/harness.py` does before handing over to lm-eval's CLI. A bad
+model argument (or a request that cannot fit them) raises UserInputError: one line from the
+harness.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from marl_jax.algos import logprobs
+from marl_jax.errors import UserInputError
 from marl_jax.models import decoder
 from marl_jax.models.config import ModelConfig
 from marl_jax.models.loading import load_model
@@ -79,7 +82,7 @@ def _int(name: str, value: Any, low: int) -> int:
   except (TypeError, ValueError):
     number = None
   if number is None or number < low or str(value).strip() != str(number):
-    raise ValueError(f"marl_jax model argument {name}={value!r}; expected an integer >= {low}")
+    raise UserInputError(f"marl_jax model argument {name}={value!r}; expected an integer >= {low}")
   return number
 
 
@@ -94,16 +97,16 @@ class MarlJaxLM(TemplateLM):
                max_batch_size: int | None = None):
     super().__init__()
     if (checkpoint is None) == (model is None):
-      raise ValueError("marl_jax model arguments: give exactly one of checkpoint=RUN_DIR (a "
-                       "trained run) and model=NAME_OR_DIR (a model load_model reads)")
+      raise UserInputError("marl_jax model arguments: give exactly one of checkpoint=RUN_DIR (a "
+                           "trained run) and model=NAME_OR_DIR (a model load_model reads)")
     del device  # lm-eval's CLI always passes one ('cuda:0' by default); JAX places arrays on
     # its default backend (JAX_PLATFORMS chooses), so there is nothing to pick here
     if max_batch_size is not None:
-      raise ValueError(f"marl_jax model: max_batch_size={max_batch_size!r}; expected none "
-                       "(batch sizes are fixed: --batch_size N, not 'auto')")
+      raise UserInputError(f"marl_jax model: max_batch_size={max_batch_size!r}; expected none "
+                           "(batch sizes are fixed: --batch_size N, not 'auto')")
     if model is not None and (step is not None or policy is not None):
-      raise ValueError("marl_jax model arguments step= and policy= pick a checkpoint's policy; "
-                       "they need checkpoint=, not model=")
+      raise UserInputError("marl_jax model arguments step= and policy= pick a checkpoint's policy; "
+                           "they need checkpoint=, not model=")
     self.batch_size = _int("batch_size", batch_size, 1)
     self.seed = _int("seed", seed, 0)
     if checkpoint is not None:
@@ -116,8 +119,8 @@ class MarlJaxLM(TemplateLM):
     context = self.config.max_position_embeddings
     self.max_length = context if max_length is None else _int("max_length", max_length, 2)
     if self.max_length > context:
-      raise ValueError(f"marl_jax model argument max_length={self.max_length}; expected at most "
-                       f"the model's context, {context}")
+      raise UserInputError(f"marl_jax model argument max_length={self.max_length}; expected at "
+                           f"most the model's context, {context}")
     self.sampler = Sampler(self.config, self.tokenizer)
     self._key = jax.random.key(self.seed)
 
@@ -157,10 +160,10 @@ class MarlJaxLM(TemplateLM):
     pairs = []
     for _, context, continuation in requests:
       if not continuation:
-        raise ValueError("lm-eval sent an empty continuation; expected at least one token")
+        raise UserInputError("lm-eval sent an empty continuation; expected at least one token")
       if len(continuation) > self.max_length:
-        raise ValueError(f"a continuation of {len(continuation)} tokens does not fit "
-                         f"max_length={self.max_length}")
+        raise UserInputError(f"a continuation of {len(continuation)} tokens does not fit "
+                             f"max_length={self.max_length}")
       whole = (list(context) + list(continuation))[-(self.max_length + 1):]
       pairs.append((whole[:-len(continuation)], list(continuation)))
     out: list[tuple[float, bool] | None] = [None] * len(pairs)
@@ -211,8 +214,8 @@ class MarlJaxLM(TemplateLM):
     for sampling, members in groups.items():
       limit = self.max_length - sampling.max_new_tokens
       if limit < 1:
-        raise ValueError(f"max_gen_toks={sampling.max_new_tokens} leaves no room for a prompt "
-                         f"in max_length={self.max_length}")
+        raise UserInputError(f"max_gen_toks={sampling.max_new_tokens} leaves no room for a "
+                             f"prompt in max_length={self.max_length}")
       for start in range(0, len(members), self.batch_size):
         rows = members[start:start + self.batch_size]
         prompts = [self.tok_encode(requests[i].args[0])[-limit:] or [self.prefix_token_id]
@@ -225,8 +228,8 @@ class MarlJaxLM(TemplateLM):
   def _sampling(self, gen_kwargs: dict[str, Any]) -> SamplingParams:
     unknown = sorted(set(gen_kwargs) - set(_GEN_KWARGS))
     if unknown:
-      raise ValueError(f"marl_jax model: generation options {unknown} are not supported; "
-                       f"expected a subset of {list(_GEN_KWARGS)}")
+      raise UserInputError(f"marl_jax model: generation options {unknown} are not supported; "
+                           f"expected a subset of {list(_GEN_KWARGS)}")
     until = gen_kwargs.get("until") or ()
     until = (until,) if isinstance(until, str) else tuple(until)
     greedy = not gen_kwargs.get("do_sample", False) or not gen_kwargs.get("temperature", 1.0)
@@ -242,11 +245,11 @@ def _checkpoint_policy(workdir: str, step: int | None, policy: str | None
   """(config, params, tokenizer, name) of one policy of a run's checkpoint."""
   team = export.restore_team(workdir, step)
   if policy is None and len(team.names) > 1:
-    raise ValueError(f"checkpoint={workdir!r} holds {len(team.names)} policies; add "
-                     f"policy=NAME, one of {list(team.names)}")
+    raise UserInputError(f"checkpoint={workdir!r} holds {len(team.names)} policies; add "
+                         f"policy=NAME, one of {list(team.names)}")
   name = team.names[0] if policy is None else policy
   if name not in team.names:
-    raise ValueError(f"marl_jax model argument policy={policy!r}; expected one of "
-                     f"{list(team.names)}")
+    raise UserInputError(f"marl_jax model argument policy={policy!r}; expected one of "
+                         f"{list(team.names)}")
   config, params, tokenizer = export.policy_model(team, team.names.index(name))
   return config, params, tokenizer, f"{workdir}:{team.step}:{name}"
