@@ -36,6 +36,7 @@ import numpy as np
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from tqdm.auto import tqdm
 
 from marl_jax.algos import logprobs
 from marl_jax.errors import UserInputError
@@ -155,8 +156,9 @@ class MarlJaxLM(TemplateLM):
   def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
                             disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
     """(sum of log p(continuation tokens), all of them greedy) per (context, continuation)
-    token pair; the context is cut from the left to fit `max_length` (as lm-eval's `hf`)."""
-    del disable_tqdm, kwargs
+    token pair; the context is cut from the left to fit `max_length` (as lm-eval's `hf`). A bar
+    counts the pairs scored unless lm-eval passes `disable_tqdm`."""
+    del kwargs
     pairs = []
     for _, context, continuation in requests:
       if not continuation:
@@ -168,10 +170,12 @@ class MarlJaxLM(TemplateLM):
       pairs.append((whole[:-len(continuation)], list(continuation)))
     out: list[tuple[float, bool] | None] = [None] * len(pairs)
     order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
-    for start in range(0, len(order), self.batch_size):
-      rows = order[start:start + self.batch_size]
-      for i, scored in zip(rows, self._score([pairs[i] for i in rows])):
-        out[i] = scored
+    with tqdm(total=len(pairs), desc="loglikelihood", disable=disable_tqdm) as bar:
+      for start in range(0, len(order), self.batch_size):
+        rows = order[start:start + self.batch_size]
+        for i, scored in zip(rows, self._score([pairs[i] for i in rows])):
+          out[i] = scored
+        bar.update(len(rows))
     return out
 
   def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
@@ -192,37 +196,40 @@ class MarlJaxLM(TemplateLM):
 
   def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
     """Each string's total log-likelihood over lm-eval's disjoint rolling windows of
-    `max_length` tokens, the first conditioned on the end-of-text token."""
+    `max_length` tokens, the first conditioned on the end-of-text token; a bar counts the
+    strings."""
     out = []
-    for request in requests:
+    for request in tqdm(requests, desc="loglikelihood_rolling", disable=disable_tqdm):
       windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
           token_list=self.tok_encode(request.args[0]), prefix_token=self.prefix_token_id,
           max_seq_len=self.max_length, context_len=1)]
-      scored = self._loglikelihood_tokens([(("", ""), c, r) for c, r in windows], disable_tqdm)
+      scored = self._loglikelihood_tokens([(("", ""), c, r) for c, r in windows], True)
       out.append(sum(lp for lp, _ in scored))
     return out
 
   # ------------------------------------------------------------------ generation
   def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
     """Continuations from the sampler, cut at the request's `until` strings; `do_sample=False`
-    (lm-eval's default) or temperature 0 decodes greedily."""
-    del disable_tqdm
+    (lm-eval's default) or temperature 0 decodes greedily; a bar counts the requests answered."""
     out: list[str | None] = [None] * len(requests)
     groups: dict[SamplingParams, list[int]] = {}
     for i, request in enumerate(requests):
       groups.setdefault(self._sampling(request.args[1]), []).append(i)
-    for sampling, members in groups.items():
-      limit = self.max_length - sampling.max_new_tokens
-      if limit < 1:
-        raise UserInputError(f"max_gen_toks={sampling.max_new_tokens} leaves no room for a "
-                             f"prompt in max_length={self.max_length}")
-      for start in range(0, len(members), self.batch_size):
-        rows = members[start:start + self.batch_size]
-        prompts = [self.tok_encode(requests[i].args[0])[-limit:] or [self.prefix_token_id]
-                   for i in rows]
-        self._key, key = jax.random.split(self._key)
-        for i, completion in zip(rows, self.sampler.generate(self.params, prompts, sampling, key)):
-          out[i] = completion.text
+    with tqdm(total=len(requests), desc="generate_until", disable=disable_tqdm) as bar:
+      for sampling, members in groups.items():
+        limit = self.max_length - sampling.max_new_tokens
+        if limit < 1:
+          raise UserInputError(f"max_gen_toks={sampling.max_new_tokens} leaves no room for a "
+                               f"prompt in max_length={self.max_length}")
+        for start in range(0, len(members), self.batch_size):
+          rows = members[start:start + self.batch_size]
+          prompts = [self.tok_encode(requests[i].args[0])[-limit:] or [self.prefix_token_id]
+                     for i in rows]
+          self._key, key = jax.random.split(self._key)
+          for i, completion in zip(rows, self.sampler.generate(self.params, prompts, sampling,
+                                                               key)):
+            out[i] = completion.text
+          bar.update(len(rows))
     return out
 
   def _sampling(self, gen_kwargs: dict[str, Any]) -> SamplingParams:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -178,11 +179,14 @@ def _harness(model_args: str, tasks: str) -> subprocess.CompletedProcess:
 
 
 def test_harness_command_runs_the_registered_model(setup):
-  """`python -m experiments.harness` is lm-eval's CLI with `--model marl_jax` known."""
+  """`python -m experiments.harness` is lm-eval's CLI with `--model marl_jax` known; scoring shows
+a bar over the (context, choice) pairs: tiny_mc's two questions have 3 + 2 choices."""
   _, path, tasks, _, _ = setup
   run = _harness(f"model={path},max_length={MAX_LENGTH}", tasks)
   assert run.returncode == 0, run.stderr[-2000:]
   assert "|tiny_mc" in run.stdout and "acc" in run.stdout
+  bar = run.stderr.replace("\r", "\n").splitlines()
+  assert any(re.match(r"loglikelihood: 100%.*\| 5/5 ", line) for line in bar), run.stderr[-2000:]
 
 
 @pytest.mark.parametrize("model_args, message", [
