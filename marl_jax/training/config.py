@@ -306,19 +306,38 @@ RESUMABLE = ("name", "train.steps", "eval.", "logging.", "checkpoint.", "rollout
              "engine.")
 
 
+class _Absent:
+  """A key neither the config nor the base config has."""
+
+  def __repr__(self) -> str:
+    return "(absent)"
+
+
+def _flat_json(tree: dict[str, Any]) -> dict[str, Any]:
+  return traverse_util.flatten_dict(tree, sep=".")
+
+
 def check_resume(saved: dict[str, Any], c: ml_collections.ConfigDict) -> None:
-  """Refuses to resume a run whose saved config (`config.json`, as JSON) differs from `c` in a
-  key outside `RESUMABLE`; keys only one side has (a newer or older schema) are not compared.
+  """Refuses to resume a run whose saved config (its checkpoint's identity, as JSON) differs from
+  `c` in a key outside `RESUMABLE`. Both key sets are compared: a key only one side has stands
+  for the base config's default there (a field added since the run was saved, at its default,
+  changes nothing; `--config.env.kwargs.path=...` on a run that had none does), or is
+  "(absent)" where the base config has no such field.
 
   Raises UserInputError naming the first such keys with both values.
   """
-  current = traverse_util.flatten_dict(json.loads(c.to_json_best_effort()), sep=".")
-  saved = traverse_util.flatten_dict(saved, sep=".")
-  changed = [k for k in sorted(saved.keys() & current.keys())
-             if saved[k] != current[k]
+  current, saved = _flat_json(json.loads(c.to_json_best_effort())), _flat_json(saved)
+  defaults = _flat_json(json.loads(base_config().to_json_best_effort()))
+  absent = _Absent()
+
+  def value(side: dict[str, Any], k: str) -> Any:
+    return side.get(k, defaults.get(k, absent))
+
+  changed = [k for k in sorted(saved.keys() | current.keys())
+             if value(saved, k) != value(current, k)
              and not any(k == r or (r.endswith(".") and k.startswith(r)) for r in RESUMABLE)]
   if changed:
-    shown = "; ".join(f"{k}: {saved[k]!r} -> {current[k]!r}" for k in changed[:3])
+    shown = "; ".join(f"{k}: {value(saved, k)!r} -> {value(current, k)!r}" for k in changed[:3])
     raise UserInputError(f"the workdir's checkpoint was trained under another config ({shown}"
                          f"{'; ...' if len(changed) > 3 else ''}); resume with the saved "
                          "config.json or use a new workdir (a resume may change only "
