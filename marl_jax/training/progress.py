@@ -34,16 +34,33 @@ def reply_bar(desc: str, *, enabled: bool = True) -> tqdm:
 
 
 class CountedPolicy:
-  """A policy (`reseed`, `generate`) whose replies also advance `bar`: an evaluation's
-  progress."""
+  """An engine-backed policy (`reseed`, `serve`) whose replies also advance `bar`: an
+  evaluation's progress."""
 
   def __init__(self, policy: Any, bar: tqdm):
     self.policy, self.bar = policy, bar
 
-  def reseed(self, key: Any) -> None:
-    self.policy.reseed(key)
+  def reseed(self, key: Any, version: int = 0) -> None:
+    self.policy.reseed(key, version)
 
-  def generate(self, requests: Sequence[Any], policy_id: int, params: Any) -> Sequence[Any]:
-    replies = self.policy.generate(requests, policy_id, params)
+  def serve(self, params: Any) -> _Counted:
+    return _Counted(self.policy.serve(params), self.bar)
+
+
+class _Counted:
+  """A Responder (`workflows/rollout.py`) that counts the replies it hands back on `bar`."""
+
+  def __init__(self, responder: Any, bar: tqdm):
+    self.responder, self.bar, self.streams = responder, bar, responder.streams
+
+  @property
+  def pending(self) -> int:
+    return self.responder.pending
+
+  def submit(self, tickets: Sequence[Any]) -> None:
+    self.responder.submit(tickets)
+
+  def collect(self) -> list[Any]:
+    replies = self.responder.collect()
     self.bar.update(len(replies))
     return replies
