@@ -64,7 +64,7 @@ def main(argv):
     run.warm_start()
   elif c.init_from:  # a saved warm-start (the run's fork point), instead of making one
     run.start_from_checkpoint()
-  samples, _, _ = run.rollout()
+  samples, _, _ = run.rollout(0)
   batch = run.batch(trainer.trained_samples(samples, run.trained_agents), run.shape)
   host_params = jax.device_get(run.state.params)
   run.state = None

@@ -22,6 +22,10 @@ runs out of time is reported as such and the others still count:
   torch  the same step in PyTorch on the same device (transformers, fp32 master weights with bf16
          autocast on CUDA, SDPA attention, gradient checkpointing, logits of the response
          positions only), and transformers `generate` on the same prompts (bf16 on CUDA).
+  engine the continuous rollout engine (`marl_jax/sampling/continuous.py`): at each of
+         --engine_slots slots, that many requests of --prompt tokens and --new_tokens each:
+         decode tokens/s over the decode calls and the % of the HBM-read bound (weights plus the
+         live rows' keys/values per step at the device's bandwidth), programs compiled.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ PEAKS = {"H100": (989e12, 3.35e12), "H200": (989e12, 4.8e12), "A100": (312e12, 2
          "L4": (121e12, 0.3e12), "TPU v4": (275e12, 1.2e12), "TPU v5 lite": (197e12, 0.82e12),
          "TPU v5p": (459e12, 2.76e12), "TPU v6": (918e12, 1.64e12)}
 TINY = dict(model="tiny-qwen3", rows=2, group=2, prompt=24, response=16, new_tokens=8, steps=1,
-            numerics_prompt=16, numerics_response=8)
+            numerics_prompt=16, numerics_response=8, engine_slots="4,8")
+PARTS = ("jax", "torch", "engine")
 LR = 1e-6
 
 
@@ -60,8 +65,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   p.add_argument("--steps", type=int, default=3, help="timed train steps after the first")
   p.add_argument("--numerics_prompt", type=int, default=128)
   p.add_argument("--numerics_response", type=int, default=64)
+  p.add_argument("--engine_slots", default="64,256",
+                 help="the engine part's slot counts, comma-separated")
   p.add_argument("--tiny", action="store_true", help="tiny shapes for any machine: " + str(TINY))
-  p.add_argument("--parts", default="jax,torch", help="comma-separated: jax, torch")
+  p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {PARTS}")
   p.add_argument("--timeout_s", type=float, default=200.0, help="per part")
   p.add_argument("--part", help=argparse.SUPPRESS)  # a worker
   args = p.parse_args(argv)
@@ -72,9 +79,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                "numerics_response"):
     if getattr(args, name) < 2:
       p.error(f"--{name}={getattr(args, name)}; expected an integer >= 2")
-  unknown = sorted(set(args.parts.split(",")) - {"jax", "torch"})
+  unknown = sorted(set(args.parts.split(",")) - set(PARTS))
   if unknown:
-    p.error(f"--parts={args.parts!r} names {unknown}; expected a subset of jax,torch")
+    p.error(f"--parts={args.parts!r} names {unknown}; expected a subset of {','.join(PARTS)}")
+  bad = [n for n in args.engine_slots.split(",") if not n.isdigit() or int(n) < 1]
+  if bad:
+    p.error(f"--engine_slots={args.engine_slots!r}; expected comma-separated integers >= 1")
   return args
 
 
@@ -141,7 +151,7 @@ def run_part(part: str, args: argparse.Namespace) -> dict[str, Any]:
   cmd = [sys.executable, "-m", "experiments.device_check", f"--part={part}",
          *[f"--{k}={getattr(args, k)}" for k in (
              "model", "rows", "group", "prompt", "response", "new_tokens", "steps",
-             "numerics_prompt", "numerics_response")]]
+             "numerics_prompt", "numerics_response", "engine_slots")]]
   start = time.monotonic()
   try:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s,
@@ -172,6 +182,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from experiments import device_check_torch
     device_check_torch.run(args)
     return {}
+  if args.part == "engine":
+    from experiments import device_check_jax
+    device_check_jax.run_engine(args)
+    return {}
   report: dict[str, Any] = {
       "shape": {k: getattr(args, k) for k in ("model", "rows", "group", "prompt", "response",
                                                "new_tokens")},
@@ -186,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def table(report: dict[str, Any]) -> str:
   """The report's headline figures, one line each."""
-  j, t = report.get("jax", {}), report.get("torch", {})
+  j, t, e = report.get("jax", {}), report.get("torch", {}), report.get("engine", {})
   step, tstep, num = j.get("train_step", {}), t.get("train_step", {}), j.get("numerics", {})
   samp, gen = j.get("sampling", {}), t.get("generate", {})
   fmt = lambda x, spec: "-" if x is None else format(x, spec)
@@ -203,6 +217,10 @@ def table(report: dict[str, Any]) -> str:
            " GiB",
            f"sampling    jax {fmt(samp.get('new_tokens_per_s'), '.0f')} new tok/s; torch generate "
            f"{fmt(gen.get('new_tokens_per_s'), '.0f')} new tok/s",
+           "engine      " + ("; ".join(
+               f"{n} slots {fmt(x.get('decode_tokens_per_s'), '.0f')} decode tok/s, "
+               f"{fmt(x.get('fraction_of_hbm_bound'), '.0%')} of the HBM bound"
+               for n, x in e.get("engine", {}).items()) or f"{e.get('status')}"),
            f"numerics    bf16 vs fp32 loss {fmt(num.get('loss_rel_diff'), '.2e')}, grad norm "
            f"{fmt(num.get('grad_norm_rel_diff'), '.2e')}; lr 1e-6 step moves "
            f"{fmt(num.get('moved_fp32_masters'), '.1%')} (fp32 masters) vs "

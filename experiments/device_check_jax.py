@@ -4,6 +4,7 @@ sampling and numerics, each printed as a `RESULT` line when it is done."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from typing import Any
@@ -27,6 +28,7 @@ from marl_jax.parallel.train_config import TrainConfig, TrainSettings
 from marl_jax.parallel.train_step import make_train_step
 from marl_jax.sampling.params import SamplingParams
 from marl_jax.sampling.sampler import Sampler
+from marl_jax.shapes import bucket
 
 
 def _fns(config: ModelConfig, b: dict[str, np.ndarray], group: int, **train):
@@ -117,6 +119,56 @@ def sampling(args: argparse.Namespace, config: ModelConfig) -> dict[str, Any]:
           "hbm_bound_ms_per_step": None if bandwidth is None else 1e3 * (weights + kv) / bandwidth}
 
 
+def engine(args: argparse.Namespace, config: ModelConfig) -> dict[str, Any]:
+  """The continuous rollout engine's decode at each of --engine_slots slots: `slots` requests of
+  --prompt random tokens, --new_tokens each (no stop token), top-p 0.9; decode tokens/s over the
+  decode calls alone (prefill excluded) and the % of the HBM-read bound: per decode step the
+  weights once plus every live row's keys/values, at the device's bandwidth."""
+  from marl_jax.sampling.continuous import ContinuousEngine
+  from marl_jax.sampling.engine import EngineOptions, EngineRequest, request_key, run_all
+
+  params = policies.sampler_copy(policies.PolicyConfig(models=(config,)), _params(config))
+  weights = sum(x.nbytes for x in jax.tree.leaves(params))
+  per_token = (2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
+               * jnp.dtype(config.compute_dtype).itemsize)
+  _, bandwidth = peaks(jax.devices()[0].device_kind)
+  rng = np.random.default_rng(0)
+  sp = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, top_p=0.9,
+                      stop_token_ids=())
+  out = {}
+  for slots in (int(n) for n in args.engine_slots.split(",")):
+    options = EngineOptions(slots=slots, pool_tokens=slots * (args.prompt + args.new_tokens),
+                            prefill_chunk=max(256, bucket(args.prompt, 16)))
+    eng = ContinuousEngine(config, options=options)
+    eng.load(params)
+    requests = [EngineRequest(i, tuple(int(t) for t in rng.integers(1, config.vocab_size,
+                                                                    args.prompt)),
+                              sp, request_key(jax.random.key(1), i)) for i in range(slots)]
+    run_all(eng, requests[:min(slots, 4)])  # compiles the small shapes
+    start = time.perf_counter()
+    run_all(eng, requests)  # compiles the full batch's decode
+    first = time.perf_counter() - start
+    before = eng.stats()
+    start = time.perf_counter()
+    done = run_all(eng, [dataclasses.replace(r, request_id=("timed", i))
+                         for i, r in enumerate(requests)])
+    wall = time.perf_counter() - start
+    stats = {k: v - before.get(k, 0.0) for k, v in eng.stats().items()}
+    steps = stats["decode_row_steps"] / bucket(slots, 1)  # decode steps of the full batch
+    step_ms = 1e3 * stats["decode_s"] / max(steps, 1)
+    span = args.prompt + args.new_tokens / 2  # the average keys a row reads per step
+    bound_ms = None if bandwidth is None else 1e3 * (weights + slots * span * per_token) / bandwidth
+    out[str(slots)] = {
+        "first_run_s": first, "wall_s": wall, "decode_s": stats["decode_s"],
+        "prefill_s": stats["prefill_s"], "new_tokens": sum(len(c.tokens) for c in done),
+        "decode_tokens_per_s": stats["decode_tokens"] / stats["decode_s"],
+        "ms_per_decode_step": step_ms, "hbm_bound_ms_per_step": bound_ms,
+        "fraction_of_hbm_bound": None if bound_ms is None else bound_ms / step_ms,
+        "programs": eng.stats()["programs"], "pool_bytes": eng.stats()["pool_bytes"],
+        "decode_steps_per_call": options.decode_steps}
+  return out
+
+
 def numerics(args: argparse.Namespace, config: ModelConfig) -> dict[str, Any]:
   """bf16 compute against fp32 on one small batch, the weights a lr-1e-6 step moves, and the
   sampler/learner log-prob mismatch under bf16."""
@@ -184,3 +236,11 @@ def run(args: argparse.Namespace) -> None:
   emit("train_step", train_step(args, config))
   emit("sampling", sampling(args, config))
   emit("numerics", numerics(args, base))
+
+
+def run_engine(args: argparse.Namespace) -> None:
+  """The engine part (its own process, so a failure or time-out leaves the others' results)."""
+  emit("info", info())
+  config = get_preset(args.model).replace(param_dtype="float32",
+                                          compute_dtype=precision.compute_dtype("auto"))
+  emit("engine", engine(args, config))

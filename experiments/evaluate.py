@@ -6,11 +6,14 @@ r"""Evaluates a team on held-out problems: accuracy (avg@k) and pass@k.
 Loads the checkpoint of STEP (default: the latest in the workdir; when the workdir has none, step
 0: the base model, warm-started first when the config has `sft.steps`), rolls out
 `config.eval.k` independent episodes on each of `config.eval.num_problems` held-out seeds, writes
-`eval/step{STEP}.json` and the episode traces into the workdir and prints a table. It samples
-with the keys of the run's own evaluations (`Run.evaluate`: one key stream per seed).
+`eval/step{STEP}.json` and the episode traces `traces/evaluate_step{STEP}.jsonl` into the workdir
+and prints a table. It samples with the keys of the run's own evaluations (`Run.evaluate`: one
+key stream per seed), so its `eval/...` metrics repeat the trainer's at that step.
 `--split=NAME` names an evaluation set given by `--config.eval.env_kwargs...` (e.g. a test file):
-metrics `NAME/...` in `eval/NAME_step{STEP}.json`, traces `traces/NAME_step{STEP}`. Bad input
-ends in one `error: ...` line before the model loads.
+metrics `NAME/...` in `eval/NAME_step{STEP}.json`, traces `traces/NAME_step{STEP}`. It may run
+beside a live trainer: it reads the checkpoint read-only, holds it against the trainer's
+rotation, and never writes the trainer's files (`eval`, `pretrained` and `evaluate` are not
+split names). Bad input ends in one `error: ...` line before the model loads.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding the check
 _CHECKPOINT = flags.DEFINE_integer("checkpoint", None, "Checkpoint step to evaluate (default: the "
                                    "latest; step 0, the policy RL starts from, if the workdir has "
                                    "none).")
-_SPLIT = flags.DEFINE_string("split", None, "Name of the evaluation set (letters, digits, '_'): "
-                             "results go to eval/SPLIT_stepN.json.")
+_SPLIT = flags.DEFINE_string("split", None, "Name of the evaluation set (letters, digits, '_'; "
+                             "not eval, pretrained or evaluate): results go to "
+                             "eval/SPLIT_stepN.json.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 

@@ -37,6 +37,10 @@ _TOP_P = flags.DEFINE_float(
 _TOP_K = flags.DEFINE_integer(
     "top_k", 0, "Sample only among the top_k most likely tokens; 0 disables it. Ignored when "
     "--temperature=0.")
+_ENGINE = flags.DEFINE_enum(
+    "engine", "static", ["static", "continuous"],
+    "Rollout engine (marl_jax/sampling/engine.py); both give the same completion for a seed. "
+    "static compiles one program for a lone prompt, continuous two (prefill, decode steps).")
 _SEED = flags.DEFINE_integer(
     "seed", 0, "Random seed for sampling; the same seed and flags give the same completion.",
     lower_bound=0, upper_bound=2**63 - 1)  # what jax.random.key takes
@@ -60,8 +64,9 @@ def main(argv):
   transformers.logging.set_verbosity_error()
   from marl_jax.models import precision
   from marl_jax.models.loading import load_model
+  from marl_jax.sampling import registry
+  from marl_jax.sampling.engine import EngineRequest, request_key, run_all
   from marl_jax.sampling.params import SamplingParams
-  from marl_jax.sampling.sampler import Sampler
 
   try:
     sampling = SamplingParams(max_new_tokens=_MAX_NEW_TOKENS.value,
@@ -70,9 +75,12 @@ def main(argv):
     dtype = precision.compute_dtype("auto")  # nothing trains: weights stored as they compute
     model = load_model(_MODEL.value, param_dtype=dtype, compute_dtype=dtype)
     prompt = model.tokenizer.apply_chat_template([{"role": "user", "content": _PROMPT.value}])
+    ids = tuple(model.tokenizer.encode(prompt))
+    engine = registry.make_engine(_ENGINE.value, model.config, model.tokenizer)
+    engine.load(model.params)
     start = time.perf_counter()
-    completion = Sampler(model.config, model.tokenizer).generate(
-        model.params, [prompt], sampling, jax.random.key(_SEED.value))[0]
+    completion, = run_all(engine, [EngineRequest(0, ids, sampling,
+                                                 request_key(jax.random.key(_SEED.value), 0))])
   except (ValueError, OSError) as e:  # user errors: one clear line, no traceback
     sys.exit(f"error: {e}")
   seconds = time.perf_counter() - start

@@ -12,8 +12,11 @@ extracted from the reply as the math envs extract it:
              seeded stream), graded as the fuzz run's two math targets grade them: the last
              `\boxed{}` against "2", and the raw reply against "\frac{1}{2}".
 Prints a Markdown table per set (pairs, both true, both false, builtin only, math-verify only,
-math-verify's timeouts and crashes, and per rendering the misses) and up to `--examples`
-disagreements each way; `--out` also writes them as JSON.
+math-verify's timeouts and crashes, the answers its hedge filter refused (`hedges.one_answer`:
+two numbers side by side, e.g. `1 \quad 2`, which math-verify read as their sum), and per
+rendering the misses) and up to `--examples` disagreements each way and refusals; `--out` also
+writes them as JSON. The renderings include hedges math-verify granted two readings before the
+filter (`percent_hundredfold` `200\%` for 2, `side_by_side`, `upright_e`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from experiments import fuzz_envs
-from marl_jax.envs.math import answers, data, grading
+from marl_jax.envs.math import answers, data, grading, hedges
 
 
 def _frac(value: fractions.Fraction, command: str = "frac") -> str:
@@ -61,6 +64,11 @@ def renderings(gold: str) -> Iterator[tuple[str, str, bool]]:
   if value:
     yield "wrong_sign", data.format_number(-value), False
   yield "sentence", f"\\text{{the answer is }} {gold}", True
+  yield "percent", f"{gold}\\%", True  # one reading: the number itself, as the checker reads it
+  if value:  # hedges math-verify granted before the filter: each is another value than gold
+    yield "percent_hundredfold", f"{data.format_number(100 * value)}\\%", False
+    yield "side_by_side", f"{data.format_number(value - 1)} \\quad 1", False
+    yield "upright_e", f"{gold}\\mathrm{{e}}", False
   if whole:
     yield "trailing_zero", f"{gold}.0", True
     yield "over_one", f"\\frac{{{gold}}}{{1}}", True
@@ -107,12 +115,15 @@ def compare(pairs: Iterator[tuple[str, str | None, str, bool | None]],
             math_verify: Callable[[str | None, str], bool], examples: int) -> dict[str, Any]:
   """Both graders' verdicts on every pair: counts, per-kind misses, disagreement examples."""
   counts = {"pairs": 0, "both_true": 0, "both_false": 0, "builtin_only": 0,
-            "math_verify_only": 0}
+            "math_verify_only": 0, "math_verify_refused": 0}
   kinds: dict[str, dict[str, int]] = {}
-  shown: dict[str, list[dict[str, Any]]] = {"builtin_only": [], "math_verify_only": []}
+  shown: dict[str, list[dict[str, Any]]] = {"builtin_only": [], "math_verify_only": [],
+                                             "math_verify_refused": []}
   for kind, pred, gold, intended in pairs:
     ours, theirs = answers.is_equiv(pred, gold), math_verify(pred, gold)
+    refused = isinstance(pred, str) and hedges.one_answer(pred) is None
     counts["pairs"] += 1
+    counts["math_verify_refused"] += refused
     outcome = ("both_true" if ours and theirs else "both_false" if not (ours or theirs)
                else "builtin_only" if ours else "math_verify_only")
     counts[outcome] += 1
@@ -123,8 +134,9 @@ def compare(pairs: Iterator[tuple[str, str | None, str, bool | None]],
     if intended is not None:
       row["builtin_wrong"] += ours != intended
       row["math_verify_wrong"] += theirs != intended
-    if outcome in shown and len(shown[outcome]) < examples:
-      shown[outcome].append({"kind": kind, "answer": (pred or "")[:120], "gold": gold,
+    for shelf in (outcome, "math_verify_refused" if refused else None):
+      if shelf in shown and len(shown[shelf]) < examples:
+        shown[shelf].append({"kind": kind, "answer": (pred or "")[:120], "gold": gold,
                              "intended": intended})
   return {**counts, "by_kind": kinds, "examples": shown}
 
@@ -132,7 +144,8 @@ def compare(pairs: Iterator[tuple[str, str | None, str, bool | None]],
 def _table(name: str, result: dict[str, Any]) -> str:
   lines = [f"### {name}: {result['pairs']} pairs, both true {result['both_true']}, both false "
            f"{result['both_false']}, builtin only {result['builtin_only']}, math-verify only "
-           f"{result['math_verify_only']}",
+           f"{result['math_verify_only']}, refused by its hedge filter "
+           f"{result['math_verify_refused']}",
            "", "| kind | pairs | disagree | builtin wrong | math-verify wrong |",
            "|---|---|---|---|---|"]
   for kind, row in result["by_kind"].items():

@@ -6,9 +6,11 @@
 
 Everything after the module name is lm-eval's (`lm_eval --help`); this only imports
 `marl_jax/training/lm_eval_model.py` first, so `--model marl_jax` resolves (lm-eval discovers
-models by import, not by entry point). Needs the optional dependency: pip install -r
-requirements-eval.txt. Exported models (experiments.export) also run under lm-eval's own `hf`
-model: `lm_eval --model hf --model_args pretrained=EXPORT_DIR/solver`.
+models by import, not by entry point), and reports the project's errors (a bad `--model_args`
+value, a workdir without checkpoints) in one `error: ...` line, as every entry point does. Needs
+the optional dependency: pip install -r requirements-eval.txt. Exported models
+(experiments.export) also run under lm-eval's own `hf` model:
+`lm_eval --model hf --model_args pretrained=EXPORT_DIR/solver`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ def main() -> None:
     sys.exit(f"error: the lm-eval harness is not installed ({e}); expected: pip install -r "
              "requirements-eval.txt")
   import marl_jax.training.lm_eval_model  # noqa: F401  (registers --model marl_jax)
-  cli_evaluate()
+  from experiments import cli
+  cli.guarded(cli_evaluate)()
 
 
 if __name__ == "__main__":

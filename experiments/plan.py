@@ -21,11 +21,14 @@ of `policies.param_specs`, so nothing of the model's size is allocated; each pro
               are not counted, the KL reference's params are.
   prefill     the sampler's prefill of the largest `generate` call's distinct prompts (the first
               policy's model, for a mapped team of several architectures).
-  decode      the sampler's own `generate_tokens` program for that call (prefill, then the
-              decode loops over blocks of growing cache spans) for memory; FLOPs: one decode step
-              over the largest span x the largest budget. Both sampler programs run on the FSDP-
-              sharded params with unplaced prompts, as the sampler does; their FLOPs per device
-              are the call's total (`flops_total`) over the device count, the best spread.
+  decode      with `rollout.engine="static"`: the sampler's own `generate_tokens` program for
+              that call (prefill, then the decode loops over blocks of growing cache spans) for
+              memory; FLOPs: one decode step over the largest span x the largest budget. Both
+              sampler programs run on the FSDP-sharded params with unplaced prompts, as the
+              sampler does; their FLOPs per device are the call's total (`flops_total`) over the
+              device count, the best spread. With the continuous engine (the default): one
+              decode call over `engine.slots` rows and the engine's K/V pool (`engine_program`),
+              and the report's `engine` section sizes that pool at the config's scale.
 
 Memory: XLA's `memory_analysis` of each compiled program per device (arguments + outputs -
 aliased + temporaries + code); the sampler programs count the whole train state resident
@@ -72,9 +75,11 @@ from marl_jax.parallel import layouts, policies, sharding
 from marl_jax.parallel import mesh as mesh_lib
 from marl_jax.parallel.train_config import TrainConfig
 from marl_jax.parallel.train_step import TrainFns, make_train_step
-from marl_jax.sampling.decode import Knobs, generate_tokens
+from marl_jax.sampling import paged_attention, paged_runner
+from marl_jax.sampling.decode import generate_tokens
+from marl_jax.sampling.logits import Knobs
 from marl_jax.sampling.sampler import Buckets, Sampler, prompt_layout
-from marl_jax.shapes import round_up
+from marl_jax.shapes import bucket, round_up
 from marl_jax.training import config as config_lib
 from marl_jax.training import preflight
 from marl_jax.training import setup as setup_lib
@@ -414,6 +419,10 @@ def plan(c: ml_collections.ConfigDict, mesh_sizes: tuple[int, int, int], target:
   programs = {"train_step": train}
   programs.update(sampler_programs(c, policy.models[0], mesh, s.built.spec.max_turns,
                                    prompt_tokens, resident))
+  engine = None
+  if c.rollout.engine == "continuous":  # its decode replaces the static sampler's
+    engine = engine_program(c, s.built, policy.models[0], mesh, prompt_tokens, resident)
+    programs["decode"] = engine.pop("decode")
   for p in programs.values():
     p["seconds"] = p["flops"] / (target.mfu * target.peak_flops)
   needed = max(p["peak_bytes"] for p in programs.values())
@@ -426,6 +435,7 @@ def plan(c: ml_collections.ConfigDict, mesh_sizes: tuple[int, int, int], target:
                        prompt=list(batch_leaf(batch, "prompt").shape)),
       params_bytes=device_bytes(state.params), opt_state_bytes=device_bytes(state.opt_state),
       frozen_bytes=device_bytes(frozen), reference_bytes=reference, programs=programs,
+      engine=engine,
       step_seconds=sum(p["seconds"] for p in programs.values()),
       needed_bytes=needed, fits=needed <= target.memory_bytes)
 
@@ -480,13 +490,9 @@ def sampler_programs(c: ml_collections.ConfigDict, config: ModelConfig, mesh: ja
   sampler = Sampler(config)  # its defaults (LLMPolicy's): buckets, decode blocks, top candidates
   generate = functools.partial(
       generate_tokens, config=config, pad_id=sampler.pad_id, block=sampler.decode_block,
-      candidates=sampler.top_candidates, new_slots=slots, greedy=sampling.greedy,
-      truncates=sampling.truncates)
-  f32 = jax.ShapeDtypeStruct((), jnp.float32)
-  knobs = Knobs(temperature=f32, top_k=ints(), top_p=f32)
-  key = jax.eval_shape(lambda: jax.random.key(0))
-  decode = analyse(generate, params, prompt, mask, ints(unique, per_prompt), key, knobs,
-                   ints(sampler.buckets.min_stop_ids), ints())
+      candidates=sampler.top_candidates, new_slots=slots, modes=frozenset({sampling.mode}))
+  decode = analyse(generate, params, prompt, mask, ints(unique, per_prompt), row_keys(rows),
+                   row_knobs(rows), ints(sampler.buckets.min_stop_ids), ints())
   cache = jax.eval_shape(lambda: decoder.init_cache(config, rows, width + slots))
   decode["flops"] = setup_lib.largest_budget(c) * matmul_flops(
       jax.jit(decode_step).trace(params, ints(rows, 1), ints(rows, 1), cache).jaxpr)
@@ -500,6 +506,66 @@ def sampler_programs(c: ml_collections.ConfigDict, config: ModelConfig, mesh: ja
   out["prefill"]["shape"] = dict(prompts=unique, width=width)
   out["decode"]["shape"] = dict(rows=rows, cache=width + slots, steps=setup_lib.largest_budget(c))
   return out
+
+
+def row_keys(n: int) -> Any:
+  """Abstract [n] typed PRNG keys."""
+  return jax.eval_shape(lambda: jax.random.split(jax.random.key(0), n))
+
+
+def row_knobs(n: int) -> Knobs:
+  """Abstract per-row sampling knobs of n rows."""
+  return Knobs(temperature=jax.ShapeDtypeStruct((n,), jnp.float32),
+               top_k=jax.ShapeDtypeStruct((n,), jnp.int32),
+               top_p=jax.ShapeDtypeStruct((n,), jnp.float32),
+               mode=jax.ShapeDtypeStruct((n,), jnp.int32))
+
+
+def engine_program(c: ml_collections.ConfigDict, built: config_lib.Built, config: ModelConfig,
+                   mesh: jax.sharding.Mesh, prompt_tokens: int, resident: int) -> dict[str, Any]:
+  """The continuous engine (`config.engine`) at paper scale: its K/V pool against the static
+  sampler's dense cache, and one decode call over every slot.
+
+  The pool holds `engine.pool_tokens` (or `pool_gib`) of K/V, replicated on each device of the
+  mesh (the engine does not shard it this round). "needed" is what every slot at its longest
+  (`--prompt_tokens` + the largest budget) would hold, the static sampler's cache is its largest
+  call's (rows x (padded prompt + new-token slots), prompts shared across a call's rows), and
+  "decode" is one call of `engine.decode_steps` steps over `engine.slots` rows: its memory
+  (the pool donated) and the FLOPs of a request's whole budget of steps."""
+  o = built.engine
+  per_token = paged_runner.bytes_per_token(config)
+  budget = setup_lib.largest_budget(c)
+  tokens = o.pool_tokens if o.pool_gib == 0 else int(o.pool_gib * GIB) // per_token
+  pages = tokens // o.page_size + 1
+  unique, per_prompt, width, slots = sampler_call(c, built.spec.max_turns, prompt_tokens)
+  B, P = bucket(o.slots, 1), bucket(math.ceil((prompt_tokens + budget - 1) / o.page_size), 1)
+  params = jax.eval_shape(
+      lambda key: precision.compute_copy(decoder.init_params(config, key), config.compute_dtype,
+                                         head=True), jax.random.key(0))
+  params = _abstract(params, mesh, sharding.model_specs(params, mesh.shape[mesh_lib.FSDP]))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  pool = jax.ShapeDtypeStruct((config.num_key_value_heads, config.num_hidden_layers * pages,
+                               o.page_size, config.head_dim), config.compute_dtype,
+                              sharding=replicated)
+  ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+  sampling = setup_lib.sampling_params(c, c.sampling.temperature, c.sampling.top_p)
+  step = functools.partial(paged_runner.decode, config=config, attend=paged_attention.gather,
+                           modes=frozenset({sampling.mode}), candidates=o.top_candidates)
+  args = (params, pool, pool, ints(B), ints(B), ints(B), ints(B), ints(B, 4),
+          jax.ShapeDtypeStruct((B,), jnp.bool_), ints(B, P), row_keys(B), row_knobs(B), ints(B),
+          None)
+  decode = analyse(functools.partial(step, steps=o.decode_steps), *args, donate=(1, 2))
+  decode["flops"] = budget * matmul_flops(
+      jax.jit(functools.partial(step, steps=1)).trace(*args).jaxpr) // mesh.size
+  decode["xla_flops"] = None  # a while loop: XLA counts its body once
+  decode["peak_bytes"] += resident - device_bytes(params)
+  decode["shape"] = dict(rows=B, table_pages=P, steps_per_call=o.decode_steps)
+  return dict(
+      bytes_per_token=per_token, page_size=o.page_size, slots=o.slots, pool_tokens=tokens,
+      pool_bytes=pages * o.page_size * per_token,
+      needed_bytes=o.slots * (prompt_tokens + budget) * per_token,
+      static_cache_bytes=(unique * width + unique * per_prompt * slots) * per_token,
+      decode=decode)
 
 
 def no_fit_line(report: dict[str, Any]) -> str:
@@ -518,6 +584,12 @@ def table(report: dict[str, Any]) -> str:
   for name, p in report["programs"].items():
     lines.append(f"{name:<11} {p['peak_bytes'] / GIB:>9.2f} {p['temp_bytes'] / GIB:>9.2f} "
                  f"{p['flops'] / 1e12:>10.3g} {p['seconds']:>8.3g}")
+  e = report["engine"]
+  if e is not None:
+    lines.append(f"engine: {e['slots']} slots, K/V {e['bytes_per_token'] / 1024:.0f} KiB/token; "
+                 f"pool {e['pool_bytes'] / GIB:.2f} GiB ({e['pool_tokens']} tokens), every slot "
+                 f"at its longest {e['needed_bytes'] / GIB:.2f} GiB, the static sampler's cache "
+                 f"{e['static_cache_bytes'] / GIB:.2f} GiB")
   lines.append(f"params {report['params_bytes'] / GIB:.2f} GiB, optimizer "
                f"{report['opt_state_bytes'] / GIB:.2f} GiB, frozen "
                f"{report['frozen_bytes'] / GIB:.2f} GiB per device; fits "

@@ -11,8 +11,10 @@ and rewards come from re-stepping the env with the stored replies (the replay pa
 exactly what the episode's agents saw and got. (Traces hold no advantages: they are written for
 evaluation episodes, which are not trained on.)
 
-Exit status 0 when everything is fine, 1 on an invalid trace, a replay mismatch or an unreadable
-file (with a one-line `error: ...` on stderr, no traceback), 2 on bad command-line usage.
+Every command also takes a trace file's content store (`FILE.content.jsonl`, beside it) and
+reads the trace file it belongs to. Exit status 0 when everything is fine, 1 on an invalid trace,
+a replay mismatch or an unreadable file (with a one-line `error: ...` on stderr, no traceback), 2
+on bad command-line usage.
 """
 from __future__ import annotations
 
@@ -31,6 +33,11 @@ from marl_jax.traces import schema, stats, store
 def main(argv: Sequence[str] | None = None) -> int:
   args = _parser().parse_args(argv)
   try:
+    for name in ("files", "file"):  # a content store names its trace file (`store.trace_file`)
+      if hasattr(args, name):
+        given = getattr(args, name)
+        paths = [_trace_file(p) for p in (given if name == "files" else [given])]
+        setattr(args, name, paths if name == "files" else paths[0])
     return args.run(args)
   except ReportedError as e:  # trace files, traces and replay setup: one line
     print(e.report(), file=sys.stderr)
@@ -65,6 +72,13 @@ def _parser() -> argparse.ArgumentParser:
                     help="module to import that registers the trace's environment (repeatable)")
   show.set_defaults(run=_show)
   return parser
+
+
+def _trace_file(path: str) -> str:
+  traces = str(store.trace_file(path))
+  if traces != path:
+    print(f"{path} is a content store: reading its trace file {traces}", file=sys.stderr)
+  return traces
 
 
 def _valid_traces(path: str) -> list[dict[str, Any]]:

@@ -63,7 +63,7 @@ class ModelConfig:
   compute_dtype: str = "float32"  # matmuls and attention (`models/precision.py`)
   # Attention in full-sequence forwards (training, prefill): "sdpa" = jax.nn.dot_product_attention
   # (cuDNN flash attention on GPU in 16-bit compute, its XLA path elsewhere), "eager" = the
-  # grouped-query einsums of `decoder._attention`; "auto" = sdpa in 16-bit compute, eager in fp32.
+  # grouped-query einsums of `decoder.attention`; "auto" = sdpa in 16-bit compute, eager in fp32.
   # Decoding always reads its cache with the eager einsums (only the filled slots).
   attn_implementation: str = "auto"
 

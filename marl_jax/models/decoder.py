@@ -1,8 +1,9 @@
 """The decoder: a pure function of a params pytree (layout in `config.py`).
 
-`forward(params, tokens, positions, config, ...)` serves three callers with one code path:
-training (no cache, full sequences), prefill (writes a KV cache) and decode (one token per row,
-reads and extends the cache). Layers are scanned over their stacked `[L, ...]` weights, so compile
+`forward(params, tokens, positions, config, ...)` serves four callers with one code path:
+training (no cache, full sequences), prefill (writes a KV cache), decode (one token per row,
+reads and extends the cache) and the rollout engine's paged forward (`PagedKV`: writes this
+call's keys/values into pages of a pool it does not own, then attends over each row's pages). Layers are scanned over their stacked `[L, ...]` weights, so compile
 time does not grow with depth and a `layer_hook` can all-gather each layer's FSDP shards inside the
 scan. Per-agent LoRA adapters are selected per row by `policy_ids`.
 
@@ -24,6 +25,9 @@ from marl_jax.models.config import ModelConfig
 
 Params = dict[str, Any]
 LayerHook = Callable[[Params], Params]
+# (q [B, T, Hq, Dh], k_pool, v_pool [Hkv, L * N, page, Dh], block_tables [B, P] (layer-offset
+# page ids), positions [B, T]) -> attention output [B, T, Hq * Dh]: `PagedKV.attend`.
+PagedAttention = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
 
 
 @flax.struct.dataclass
@@ -52,6 +56,28 @@ class LoraAdapters:
   params: Params
   policy_ids: jax.Array  # [B] int32
   scale: float = flax.struct.field(pytree_node=False, default=1.0)  # alpha / rank
+
+
+@flax.struct.dataclass
+class PagedKV:
+  """A forward's view of a paged K/V pool, which the rollout engine owns (`sampling/kv_pool.py`
+  allocates its pages, `sampling/paged_runner.py` calls the forward).
+
+  Row b's position t lives in page `block_tables[b, t // page]` at offset `t % page`. The pool
+  keeps every layer in one array, [Hkv, L * N, page, Dh] with layer l's page p at entry
+  l * N + p, so a layer's attention reads its pages through block tables offset by l * N
+  instead of a slice of the pool (a slice would copy it; a Pallas kernel takes the whole array).
+  Heads lead because the paged attention kernels (`jax.experimental.pallas.ops`) read
+  [Hkv, pages, page, Dh]. Page 0 is scratch: writes of tokens that are not `valid` go there and
+  no row reads it.
+  """
+
+  k: jax.Array  # [Hkv, L * N, page, Dh]
+  v: jax.Array  # [Hkv, L * N, page, Dh]
+  block_tables: jax.Array  # [B, P] int32 page ids in [0, N); 0 past a row's pages
+  lengths: jax.Array  # [B] int32: this call's tokens take positions lengths .. lengths + T - 1
+  valid: jax.Array  # [B, T] bool: a real token of this call (False: padding)
+  attend: PagedAttention = flax.struct.field(pytree_node=False)
 
 
 def init_cache(config: ModelConfig, batch: int, max_len: int) -> KVCache:
@@ -156,7 +182,7 @@ def _by_row(x: jax.Array, rows: int) -> jax.Array:
   return x.reshape(U * rows, H, RM // rows, *x.shape[4:])
 
 
-def _attention(q, k, v, mask, past=()):
+def attention(q, k, v, mask, past=()):
   """q: [B, T, Hq, Dh]; k, v: [B, Hkv, T, Dh], this call's; mask: [B, T, T] -> [B, T, Hq*Dh].
 
   past: cached slots the queries also attend to, a tuple of (k, v [Bp, Hkv, S, Dh], mask
@@ -196,12 +222,12 @@ def _attention(q, k, v, mask, past=()):
 
 
 def _sdpa(q, k, v, mask, past=()):
-  """`_attention` through `jax.nn.dot_product_attention` (cuDNN flash attention on GPU in 16-bit
+  """`attention` through `jax.nn.dot_product_attention` (cuDNN flash attention on GPU in 16-bit
   compute, its XLA path elsewhere); every part of `past` must be per row (Bp = B: the learner's
   shared prompts gather their rows' keys/values, `hidden_states(prefix_rows=...)`).
 
   The parts and this call's keys are one key axis [S + T] under one mask, so the softmax is the
-  same as `_attention`'s. A query that sees no key (a left-padding position) is let see itself:
+  same as `attention`'s. A query that sees no key (a left-padding position) is let see itself:
   a fully masked row has no defined softmax (flash kernels may return NaN for it), and a padding
   position's output is read by no real position."""
   B, T, Hq, Dh = q.shape
@@ -222,12 +248,9 @@ def _sdpa(q, k, v, mask, past=()):
   return attend("xla").reshape(B, T, Hq * Dh)
 
 
-def _layer(config: ModelConfig, x, p, lora, adapters, positions, inv_freq, past, mask, decoding):
-  """One pre-norm decoder layer; returns x and this call's (k, v) [B, Hkv, T, Dh].
-
-  past: cached parts to attend to, as `_attention` takes them. decoding: `past` ends with a
-  per-row cache, which only the eager einsums read slot-block by slot-block (`sampling/decode`);
-  else the config's attention implementation runs (`ModelConfig.uses_sdpa`)."""
+def _layer(config: ModelConfig, x, p, lora, adapters, positions, inv_freq, attend):
+  """One pre-norm decoder layer: x and what `attend(q, k, v) -> (attention output, extra)`
+  returns beside the output (this call's (k, v) [B, Hkv, T, Dh], or a paged pool)."""
   c = config
   B, T, _ = x.shape
   sub = lambda group, name: None if lora is None else lora.get(group, {}).get(name)
@@ -244,17 +267,46 @@ def _layer(config: ModelConfig, x, p, lora, adapters, positions, inv_freq, past,
     k = rms_norm(k, attn_p["k_norm"]["scale"], c.rms_norm_eps)
   q = apply_rope(q, positions, inv_freq)
   k = apply_rope(k, positions, inv_freq).swapaxes(1, 2)  # [B, Hkv, T, Dh]
-  v = v.swapaxes(1, 2)
-  per_row = all(pk.shape[0] == B for pk, _, _ in past)
-  sdpa = c.uses_sdpa and per_row and not decoding
-  attn = (_sdpa if sdpa else _attention)(q, k, v, mask, past)
+  attn, extra = attend(q, k, v.swapaxes(1, 2))
   x = x + _project(attn, attn_p["o_proj"], sub("self_attn", "o_proj"), adapters)
   mlp_p = p["mlp"]
   h = rms_norm(x, p["post_attention_layernorm"]["scale"], c.rms_norm_eps)
   gate = _project(h, mlp_p["gate_proj"], sub("mlp", "gate_proj"), adapters)
   up = _project(h, mlp_p["up_proj"], sub("mlp", "up_proj"), adapters)
   x = x + _project(jax.nn.silu(gate) * up, mlp_p["down_proj"], sub("mlp", "down_proj"), adapters)
-  return x, (k, v)
+  return x, extra
+
+
+def _cached_attend(config: ModelConfig, past, mask, decoding):
+  """`_layer`'s attention over cached parts and this call's keys/values (returned as extra).
+
+  past: cached parts to attend to, as `attention` takes them. decoding: `past` ends with a
+  per-row cache, which only the eager einsums read slot-block by slot-block (`sampling/decode`);
+  else the config's attention implementation runs (`ModelConfig.uses_sdpa`)."""
+  def attend(q, k, v):
+    per_row = all(pk.shape[0] == q.shape[0] for pk, _, _ in past)
+    sdpa = config.uses_sdpa and per_row and not decoding
+    return (_sdpa if sdpa else attention)(q, k, v, mask, past), (k, v)
+  return attend
+
+
+def _paged_attend(paged: PagedKV, layer: jax.Array, pages: int, positions: jax.Array,
+                  pool: tuple[jax.Array, jax.Array]):
+  """`_layer`'s attention for a `PagedKV` forward: writes this call's keys/values into the
+  layer's pages (in place inside the layer scan: the pool is its carry), then `paged.attend`
+  reads them; returns the updated (k, v) pool as extra."""
+  def attend(q, k, v):
+    k_pool, v_pool = pool
+    B, P = paged.block_tables.shape
+    page_size = k_pool.shape[2]
+    slot = jnp.minimum(positions // page_size, P - 1)  # [B, T]
+    page = jnp.where(paged.valid, jnp.take_along_axis(paged.block_tables, slot, axis=1), 0)
+    entry, offset = layer * pages + page, positions % page_size
+    k_pool = k_pool.at[:, entry, offset].set(k.swapaxes(0, 1).astype(k_pool.dtype))
+    v_pool = v_pool.at[:, entry, offset].set(v.swapaxes(0, 1).astype(v_pool.dtype))
+    tables = layer * pages + paged.block_tables
+    return paged.attend(q, k_pool, v_pool, tables, positions), (k_pool, v_pool)
+  return attend
 
 
 def hidden_states(
@@ -311,8 +363,8 @@ def hidden_states(
     past = () if prefix_in is None else ((*prefix_in, prefix_mask),)
     if kv_in is not None:
       past += ((*kv_in, cache.mask),)  # slots >= index are all False
-    x, kv_new = _layer(c, x, layer_p, layer_lora, adapters, positions, inv_freq, past, mask,
-                       kv_in is not None)
+    x, kv_new = _layer(c, x, layer_p, layer_lora, adapters, positions, inv_freq,
+                       _cached_attend(c, past, mask, kv_in is not None))
     return x, (kv_new if kv_in is not None or fill_cache else None)  # training keeps no k/v
 
   if remat:
@@ -329,6 +381,42 @@ def hidden_states(
     cache = KVCache(k=write(cache.k, kv_out[0], 3), v=write(cache.v, kv_out[1], 3),
                     mask=write(cache.mask, attn_mask, 1), index=cache.index + T)
   return x, cache
+
+
+def paged_hidden_states(
+    params: Params,
+    tokens: jax.Array,  # [B, T] int32
+    positions: jax.Array,  # [B, T] int32: paged.lengths[:, None] + arange(T)
+    config: ModelConfig,
+    paged: PagedKV,
+    *,
+    adapters: LoraAdapters | None = None,
+) -> tuple[jax.Array, PagedKV]:
+  """Final-norm hidden states [B, T, D] (fp32) of a forward whose keys/values live in a paged
+  pool, and the pool with this call's tokens written.
+
+  Each layer writes its T new keys/values per row into the row's pages, then attends over the
+  row's positions up to each query's own (`paged.attend`). The pool is the layer scan's carry,
+  updated in place, so a call moves only the pages it reads, never a copy of the pool (the
+  caller donates it to the jitted call)."""
+  c = config
+  pages = paged.k.shape[1] // c.num_hidden_layers
+  x = jnp.take(params["embed_tokens"]["embedding"], tokens, axis=0).astype(c.compute_dtype)
+  inv_freq = rope_inv_freq(c)
+  lora_layers = None if adapters is None else adapters.params
+
+  def body(carry, xs):
+    x, pool = carry
+    layer_p, layer_lora, layer = xs
+    x, pool = _layer(c, x, layer_p, layer_lora, adapters, positions, inv_freq,
+                     _paged_attend(paged, layer, pages, positions, pool))
+    return (x, pool), None
+
+  layers = jnp.arange(c.num_hidden_layers, dtype=jnp.int32)
+  (x, (k, v)), _ = jax.lax.scan(body, (x, (paged.k, paged.v)),
+                                (params["layers"], lora_layers, layers))
+  x = rms_norm(x.astype(jnp.float32), params["norm"]["scale"], c.rms_norm_eps)  # fp32 out
+  return x, paged.replace(k=k, v=v)
 
 
 def lm_logits(params: Params, hidden: jax.Array, config: ModelConfig) -> jax.Array:

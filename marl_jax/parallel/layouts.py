@@ -75,6 +75,11 @@ class Layout:
     """(model index, model params, adapters) that sample policy `policy_id` for n rows."""
     return 0, trainable["policy"], None
 
+  def engine_of(self, cfg: PolicyConfig, policy_id: int) -> int:
+    """The rollout engine serving policy `policy_id`: policies that share weights share one
+    (LoRA adapters are rows of one engine's batch); separate weights need their own."""
+    return 0
+
   def token_logprobs(self, cfg: PolicyConfig, run: Callable, policy: Any, frozen: Params,
                      specs: tuple[Any, Any], batch: Any) -> tuple[Any, Any]:
     """`run(params, model_specs, config, batch, adapters)` for every policy's part of the batch,
@@ -169,6 +174,9 @@ class Lora(Layout):
 
 class _PerPolicyBlocks(Layout):
   """Shared by stacked and mapped: one row block per policy."""
+
+  def engine_of(self, cfg, policy_id):
+    return policy_id
 
   def blocks(self, cfg, samples):
     return [[s for s in samples if s.policy_id == p] for p in range(cfg.num_policies)]

@@ -1,7 +1,7 @@
 """The jittable generation core: prefill each distinct prompt once, then decode every row.
 
-`generate_tokens` is a pure function of (params, unique prompts, their rows, key, knobs, stop
-ids, ...): it is what the host `Sampler` jits.
+`generate_tokens` is a pure function of (params, unique prompts, their rows, the rows' keys and
+knobs, stop ids, ...): it is what the host `Sampler` jits.
 
   * Shared prompts. RL asks for G samples of one prompt. The U distinct prompts [U, Tp] are
     prefilled once, and the R rows `rows[u]` continue prompt u: their first tokens are drawn from
@@ -38,9 +38,10 @@ because most rows run to the budget (`experiments/bench_rl.py` reports this frac
 Conventions:
   * Prompts are left-padded. `rows[u, j] = -1` marks batch padding: such a row counts as finished
     from the start, so it never keeps the loop alive. Padding prompts (all-False mask) are fine.
-  * Row `rows[u, j] = b` samples step s with key `fold_in(fold_in(key, b), s)`: a row's tokens
-    depend only on its own prompt, its index b and the key, never on the other rows, the layout
-    [U, R], or whether its prompt was shared with other rows.
+  * Row `rows[u, j] = b` samples step s with key `fold_in(keys[b], s)` and knobs[b]: a row's
+    tokens depend only on its own prompt, key and knobs, never on the other rows, the layout
+    [U, R], or whether its prompt was shared with other rows (the rollout engine's slots draw
+    the same way: `sampling/paged_runner.py`).
   * After a row finishes, its remaining slots hold `pad_id` with log-prob 0; `lengths` counts the
     produced tokens, including the stop token that ended the row.
 """
@@ -53,16 +54,7 @@ import jax.numpy as jnp
 
 from marl_jax.models import decoder
 from marl_jax.models.config import ModelConfig
-from marl_jax.sampling.logits import select_tokens
-
-
-@flax.struct.dataclass
-class Knobs:
-  """Sampling values traced as data, so changing them never recompiles."""
-
-  temperature: jax.Array  # [] f32 (> 0 when sampling; unused when greedy)
-  top_k: jax.Array  # [] int32, 0 = off
-  top_p: jax.Array  # [] f32, 1 = off
+from marl_jax.sampling.logits import Knobs, select_tokens
 
 
 @flax.struct.dataclass
@@ -91,8 +83,8 @@ def generate_tokens(
     prompt: jax.Array,  # [U, Tp] int32, left-padded distinct prompts
     prompt_mask: jax.Array,  # [U, Tp] bool, False on padding
     rows: jax.Array,  # [U, R] int32: the caller's index of each row continuing prompt u; -1 = pad
-    key: jax.Array,  # typed PRNG key
-    knobs: Knobs,
+    keys: jax.Array,  # [N] typed PRNG keys, one per caller row (N <= U * R, padded to it)
+    knobs: Knobs,  # [N] each, one per caller row
     stop_ids: jax.Array,  # [K] int32, -1 = unused slot
     max_new: jax.Array,  # [] int32, <= new_slots
     adapters: decoder.LoraAdapters | None = None,  # policy_ids: [U], one per prompt
@@ -101,8 +93,7 @@ def generate_tokens(
     new_slots: int,
     block: int,
     candidates: int,
-    greedy: bool,
-    truncates: bool,
+    modes: frozenset[int],
     pad_id: int = 0,
 ) -> Generated:
   """Generates up to `max_new` tokens for each of the U * R rows (static buffers of
@@ -119,12 +110,12 @@ def generate_tokens(
     adapters = adapters.replace(policy_ids=per_row(adapters.policy_ids))
   prompt_lengths = per_row(jnp.sum(prompt_mask, axis=-1, dtype=jnp.int32))  # [B]
   row_ids = rows.reshape(B)
-  row_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.maximum(row_ids, 0))
+  row_keys = keys[jnp.maximum(row_ids, 0)]  # [B]
+  row_knobs = jax.tree.map(lambda x: x[jnp.maximum(row_ids, 0)], knobs)
 
   def choose(logits, step):
-    keys = jax.vmap(jax.random.fold_in, (0, None))(row_keys, step)
-    return select_tokens(logits, keys, knobs.temperature, knobs.top_k, knobs.top_p,
-                         greedy=greedy, truncates=truncates, candidates=candidates)
+    step_keys = jax.vmap(jax.random.fold_in, (0, None))(row_keys, step)
+    return select_tokens(logits, step_keys, row_knobs, modes=modes, candidates=candidates)
 
   def record(state, step, tokens, logp):
     """Writes step's tokens for rows still running and updates which rows are done."""

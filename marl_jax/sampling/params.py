@@ -1,9 +1,10 @@
 """Sampling parameters: what to generate, validated once on the host.
 
-The numeric knobs (temperature, top_p, top_k) reach the jitted decode loop as traced scalars, so
-changing them between training steps never recompiles; only two derived booleans
-(`greedy`, `truncates`) select between compiled variants, because they decide whether the loop
-needs random numbers at all and whether it must search the top candidates.
+The numeric knobs (temperature, top_p, top_k) reach the jitted decode loop as traced per-row
+values, so changing them between training steps never recompiles; only the draw `mode` (greedy,
+full-vocabulary sampling, truncated sampling) selects between compiled variants, because it
+decides whether the loop needs random numbers at all and whether it must search the top
+candidates (`logits.select_tokens`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ import dataclasses
 import math
 import numbers
 from typing import Sequence
+
+
+# A row's draw mode (`SamplingParams.mode`): argmax, a draw from the whole vocabulary, or a draw
+# from the top-k / top-p candidates.
+GREEDY, SAMPLE, TRUNCATE = 0, 1, 2
 
 
 def _as_tuple(name: str, values: Sequence, kind: type) -> tuple:
@@ -78,6 +84,11 @@ class SamplingParams:
   def truncates(self) -> bool:
     """Whether top-k or top-p removes any token (sampling only; greedy ignores both)."""
     return not self.greedy and (self.top_k > 0 or self.top_p < 1.0)
+
+  @property
+  def mode(self) -> int:
+    """GREEDY, SAMPLE or TRUNCATE: which draw `logits.select_tokens` makes for this row."""
+    return GREEDY if self.greedy else TRUNCATE if self.truncates else SAMPLE
 
   @property
   def logprob_temperature(self) -> float:

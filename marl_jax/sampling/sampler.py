@@ -6,12 +6,16 @@
 Params are an argument of every call (they change every training step) and never baked into the
 compiled program.
 
+Keys. `key` is one typed key, row b then drawing with `fold_in(key, b)` (b its index in
+`prompts`), or one key per row ([len(prompts)]: the rollout engine's per-request keys,
+`sampling/engine.py`); a row's tokens depend only on its prompt, key and settings.
+
 Shared prompts. RL asks for G samples of a prompt (tree branches, independent trajectories at
 their first turn), and the rollout passes them as G equal entries of `prompts`. `generate` finds
 the distinct (prompt, LoRA policy) pairs on the host and lays the rows out as U prompt entries x
 R rows (`prompt_layout`); the core prefills each entry once and its R rows read its keys/values
 as one shared prefix at every decode step (`decode.py`). Outputs are the same as prefilling every
-row, and row b still draws with `fold_in(key, b)`, b its index in `prompts`.
+row.
 
 Shapes and compiles. Prompt entries U round up to a power of two below `Buckets.row_multiple`
 and to a multiple of it above (`round_bucket`: a lone prompt is not prefilled 8 times), rows per
@@ -19,7 +23,7 @@ entry R to a power of two, the prompt width to a multiple of `Buckets.prompt_blo
 of two: a 270-token prompt pads to 320, not 512), new-token slots to a multiple of
 `Buckets.new_token_multiple`, stop ids to a power of two. The sampler compiles at most one
 program per distinct (U bucket, R, width bucket, new-slot bucket, stop bucket,
-variant), the variant being greedy / sampling / truncated sampling. With at most n row buckets
+variant), the variant being greedy / sampling / truncated sampling (`SamplingParams.mode`). With at most n row buckets
 (n = log2(row_multiple) + ceil(rows / row_multiple)) and R <= the largest group, a run with
 prompts of at most P tokens and one `max_new_tokens` compiles at most
 n * (log2(largest group) + 1) * ceil(P / prompt_block) * 3 programs, times the stop-bucket count
@@ -46,10 +50,9 @@ sorting the vocabulary; `logits.truncated_candidates` says when that is exact.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import functools
-from typing import Callable, Protocol, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -57,27 +60,12 @@ import numpy as np
 
 from marl_jax.models import decoder
 from marl_jax.models.config import ModelConfig
-from marl_jax.sampling.decode import Knobs, generate_tokens
+from marl_jax.sampling import stops
+from marl_jax.sampling.decode import generate_tokens
+from marl_jax.sampling.engine import Completion, Tokenizer
+from marl_jax.sampling.logits import knobs_of
 from marl_jax.sampling.params import SamplingParams
 from marl_jax.shapes import bucket, round_bucket, round_up
-
-
-class Tokenizer(Protocol):
-  pad_id: int
-  stop_token_ids: Sequence[int]
-
-  def encode(self, text: str) -> list[int]: ...
-
-  def decode(self, ids: Sequence[int]) -> str: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class Completion:
-  tokens: np.ndarray  # [n] int32 generated tokens (stop token included when one ended the row)
-  logprobs: np.ndarray  # [n] f32 policy log-probs of `tokens` (see the module docstring)
-  text: str | None  # decoded completion (None without a tokenizer)
-  finish_reason: str  # "stop_token" | "stop_string" | "length"
-  prompt_length: int  # real (unpadded) prompt tokens
 
 
 def prompt_layout(counts: Sequence[int], multiple: int) -> tuple[int, int]:
@@ -137,11 +125,12 @@ class Sampler:
     self.decode_block = decode_block
     self.top_candidates = top_candidates
     self.share_prompts = share_prompts
+    self.last_call: dict[str, int] = {}  # the last `generate` call's work (`StaticEngine.stats`)
     self.pad_id = 0 if tokenizer is None else int(tokenizer.pad_id)
     self._generate = jax.jit(
         functools.partial(_generate_tokens, config=config, pad_id=self.pad_id,
                           block=decode_block, candidates=top_candidates),
-        static_argnames=("new_slots", "greedy", "truncates"))
+        static_argnames=("new_slots", "modes"))
 
   def encode(self, prompts: Sequence[Sequence[int] | str]) -> list[list[int]]:
     """Token ids of each prompt; strings need a tokenizer (no chat template is applied here)."""
@@ -165,10 +154,12 @@ class Sampler:
   def generate(self, params: decoder.Params, prompts: Sequence[Sequence[int] | str],
                sampling: SamplingParams, key: jax.Array,
                adapters: decoder.LoraAdapters | None = None) -> list[Completion]:
-    """Continues every prompt; `adapters.policy_ids` ([len(prompts)]) picks each row's LoRA."""
+    """Continues every prompt; `adapters.policy_ids` ([len(prompts)]) picks each row's LoRA;
+    `key`: one typed key, or one per prompt (see the module docstring)."""
     if not prompts:
       raise ValueError("prompts is empty; expected at least one prompt")
     ids = self.encode(prompts)
+    keys = row_keys(key, len(ids))
     if sampling.top_k >= self.config.vocab_size:  # keeps every token: no truncation
       sampling = sampling.replace(top_k=0)
     self._check(ids, sampling)
@@ -186,18 +177,26 @@ class Sampler:
     stop = self._stop_token_ids(sampling)
     stop_ids = np.full((bucket(len(stop), b.min_stop_ids),), -1, np.int32)
     stop_ids[:len(stop)] = stop
-    knobs = Knobs(temperature=jnp.float32(sampling.logprob_temperature),
-                  top_k=jnp.int32(sampling.top_k), top_p=jnp.float32(sampling.top_p))
-    out = self._generate(params, tokens, mask, rows, key, knobs, stop_ids,
-                         jnp.int32(sampling.max_new_tokens), adapters,
+    # Keys and knobs padded to the layout's U * R rows, so their shapes are bucketed too.
+    keys = jnp.concatenate([keys, jnp.broadcast_to(keys[:1], (rows.size - n_rows,))])
+    out = self._generate(params, tokens, mask, rows, keys, knobs_of([sampling] * rows.size),
+                         stop_ids, jnp.int32(sampling.max_new_tokens), adapters,
                          new_slots=round_up(sampling.max_new_tokens, b.new_token_multiple),
-                         greedy=sampling.greedy, truncates=sampling.truncates)
+                         modes=frozenset({sampling.mode}))
     out = jax.device_get(out)
+    U, width = tokens.shape
+    new_slots = round_up(sampling.max_new_tokens, b.new_token_multiple)
+    # What the call computed and held: the rows' decode row-steps (every row rides along until
+    # the longest ends), the distinct prompts prefilled, and the dense cache's token slots.
+    self.last_call = {"row_steps": rows.size * int(out.lengths.max()),
+                      "prefilled_tokens": int(mask.sum()),
+                      "cache_tokens": U * width + rows.size * new_slots}
     at = np.zeros((n_rows,), np.int64)  # row i's place in the [U * R] output
     flat = rows.reshape(-1)
     at[flat[flat >= 0]] = np.nonzero(flat >= 0)[0]
-    return [self._completion(out.tokens[j, :out.lengths[j]], out.logprobs[j, :out.lengths[j]],
-                             bool(out.stopped[j]), len(ids[i]), sampling.stop_strings)
+    return [stops.completion(self.tokenizer, out.tokens[j, :out.lengths[j]],
+                             out.logprobs[j, :out.lengths[j]], bool(out.stopped[j]), len(ids[i]),
+                             sampling.stop_strings)
             for i, j in enumerate(at)]
 
   def _check(self, ids: list[list[int]], sampling: SamplingParams) -> None:
@@ -248,36 +247,16 @@ class Sampler:
       return sampling.stop_token_ids
     return () if self.tokenizer is None else tuple(self.tokenizer.stop_token_ids)
 
-  def _completion(self, tokens: np.ndarray, logprobs: np.ndarray, stopped: bool,
-                  prompt_length: int, stop_strings: tuple[str, ...]) -> Completion:
-    reason = "stop_token" if stopped else "length"
-    if self.tokenizer is None:
-      return Completion(tokens, logprobs, None, reason, prompt_length)
-    body = tokens[:-1] if stopped else tokens  # the stop token is not part of the text
-    decode = lambda n: self.tokenizer.decode(body[:n].tolist())
-    text = decode(len(body))
-    if stop_strings and _find_stop(text, stop_strings) >= 0:
-      n = _shortest_prefix_with_stop(decode, len(body), stop_strings)
-      text = decode(n)
-      text = text[:_find_stop(text, stop_strings)]
-      tokens, logprobs, reason = tokens[:n], logprobs[:n], "stop_string"
-    return Completion(tokens, logprobs, text, reason, prompt_length)
+
+def row_keys(key: jax.Array, n: int) -> jax.Array:
+  """[n] typed keys: `key` itself when it already holds n keys, else fold_in(key, b) for row b."""
+  if key.shape == (n,):
+    return key
+  if key.shape != ():
+    raise ValueError(f"key has shape {key.shape}; expected one key () or one per prompt ({n},)")
+  return jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(n))
 
 
 def _generate_tokens(*args, **kwargs):
   """`decode.generate_tokens`, looked up at trace time (a test counts the programs it traces)."""
   return generate_tokens(*args, **kwargs)
-
-
-def _find_stop(text: str, stop_strings: tuple[str, ...]) -> int:
-  """Index of the earliest stop string in text, or -1."""
-  hits = [i for i in (text.find(s) for s in stop_strings) if i >= 0]
-  return min(hits, default=-1)
-
-
-def _shortest_prefix_with_stop(decode: Callable[[int], str], n: int,
-                               stop_strings: tuple[str, ...]) -> int:
-  """Fewest leading tokens (1..n) whose text contains a stop string; containment only grows with
-  the prefix, so bisection needs about log2(n) decodes."""
-  has_stop = lambda m: _find_stop(decode(m), stop_strings) >= 0
-  return bisect.bisect_left(range(1, n + 1), True, key=has_stop) + 1

@@ -46,6 +46,20 @@ def content_path(trace_path: str | os.PathLike) -> pathlib.Path:
   return path.with_name(path.name + CONTENT_SUFFIX)
 
 
+def trace_file(path: str | os.PathLike) -> pathlib.Path:
+  """The trace file a reader was given: `path` itself, or, for a content store
+  (``X.content.jsonl``, which sits beside every trace file and shares its name's start), the
+  trace file ``X`` it belongs to. TraceFileError when that trace file is missing."""
+  path = pathlib.Path(path)
+  if not path.name.endswith(CONTENT_SUFFIX) or path.name == CONTENT_SUFFIX:
+    return path
+  traces = path.with_name(path.name[:-len(CONTENT_SUFFIX)])
+  if not traces.is_file():
+    raise TraceFileError(f"{path} is the content store of the trace file {traces}, which is "
+                         "missing; expected a trace file (FILE, not FILE.content.jsonl)")
+  return traces
+
+
 class TraceWriter:
   """Appends finished traces (and their content) to a JSONL trace file.
 

@@ -34,10 +34,11 @@ restored to the target's local sharding. Checksums cover only the arrays one pro
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from absl import logging
@@ -48,7 +49,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from marl_jax.errors import ReportedError, UserInputError
-from marl_jax.training import checkpoint_hosts
+from marl_jax.training import checkpoint_hosts, workdir_lock
 from marl_jax.training.checkpoint_integrity import (CheckpointDamagedError, json_checksum, one_line,
                                                     state_checksums, verify)
 
@@ -90,6 +91,40 @@ class Restored:
   host_state: dict[str, Any]
 
 
+@contextlib.contextmanager
+def holding(workdir: str | os.PathLike[str], step: int | None = None) -> Iterator[int]:
+  """A reader's hold on checkpoint `step` of a run (None: its newest) for the block
+  (`workdir_lock.reading`): yields the step, which the run's writer keeps until the block ends.
+  Raises UserInputError when the run has no such step (any more)."""
+  while True:
+    steps = saved_steps(workdir)
+    chosen = steps[-1] if step is None and steps else step
+    if chosen is None:
+      raise UserInputError(f"{workdir} has no checkpoint; expected the workdir of a run that "
+                           "saved one")
+    if chosen not in steps:
+      raise UserInputError(f"--checkpoint={step}: {workdir} has "
+                           f"{f'checkpoints {steps}' if steps else 'no checkpoint'}; expected a "
+                           "saved step")
+    with workdir_lock.reading(workdir, chosen):
+      if chosen in saved_steps(workdir):  # not rotated away before the hold began
+        yield chosen
+        return
+
+
+@dataclasses.dataclass(frozen=True)
+class _HeldByReaders:
+  """orbax preservation policy: keeps the steps readers hold (`workdir_lock.held_steps`); the
+  first save after a reader lets go rotates its step away as usual."""
+
+  workdir: str
+
+  def should_preserve(self, checkpoints, *, context) -> list[bool]:
+    del context
+    held = workdir_lock.held_steps(self.workdir)
+    return [info.step in held for info in checkpoints]
+
+
 def saved_steps(workdir: str | os.PathLike[str]) -> list[int]:
   """The complete checkpoint steps of a run, from the directory listing alone: opening a
   CheckpointManager starts orbax's clean-up of temporary directories in a background thread,
@@ -113,9 +148,10 @@ class Checkpointer:
       computed synchronously inside `save`.
     identity: JSON the run is known by (its config), stored in every step's host item under
       its checksum, so a resume checks itself against the checkpoint (`run_identity`).
-    read_only: for a reader of another process's run (`evaluate`, `init_from`): never saves,
-      deletes, renames or creates anything, and leaves orbax's temporary directories alone (the
-      cleanup of "interrupted" saves deleted a live trainer's in-progress step).
+    read_only: for a reader of another process's run (`evaluate`, `export`, `init_from`; the
+      roles of `workdir_lock`): never saves, deletes, renames or creates anything, and leaves
+      orbax's temporary directories alone (the cleanup of "interrupted" saves deleted a live
+      trainer's in-progress step). A reader holds the step it reads with `holding`.
   """
 
   def __init__(self, directory: str | os.PathLike[str] | epath.Path, *, max_to_keep: int = 3,
@@ -134,12 +170,14 @@ class Checkpointer:
     self._identity = None if identity is None else _check_json(dict(identity))
     # Rotation keeps the last `max_to_keep` and checkpoint 0, the warm-started policy RL starts
     # from (saved only after a warm-start): it is the fork point of `config.init_from` and costs
-    # the whole warm-start to make again.
+    # the whole warm-start to make again; and any step a reader of the workdir holds
+    # (`holding`), until it lets go.
     keep = ocp.checkpoint_managers
     options = ocp.CheckpointManagerOptions(read_only=True) if read_only else (
         ocp.CheckpointManagerOptions(
             preservation_policy=keep.AnyPreservationPolicy(
-                [keep.LatestN(max_to_keep), keep.CustomSteps([0])]),
+                [keep.LatestN(max_to_keep), keep.CustomSteps([0]),
+                 _HeldByReaders(str(self.directory.parent))]),
             enable_async_checkpointing=async_save,
             # Temporary directories of a save that was interrupted (crash, SIGKILL) are removed:
             # safe only because this process is the workdir's one writer (`workdir_lock`).
@@ -162,6 +200,9 @@ class Checkpointer:
     return self._manager.latest_step()
 
   def all_steps(self) -> list[int]:
+    """The complete steps; a reader lists them afresh (a live writer adds and rotates steps)."""
+    if self._read_only:
+      self._manager.reload()
     return sorted(self._manager.all_steps())
 
   def save(self, step: int, state: PyTree, host_state: Mapping[str, Any] | None = None, *,

@@ -29,6 +29,8 @@ from marl_jax.models.lora import LoraConfig
 from marl_jax.parallel import layouts
 from marl_jax.parallel.policy_config import LAYOUTS, PolicyConfig
 from marl_jax.parallel.train_config import TrainSettings, check_update_rules
+from marl_jax.sampling import registry as engines
+from marl_jax.sampling.engine import EngineOptions
 from marl_jax.training import checkpoint, metrics
 from marl_jax.training import config_checks as checks
 from marl_jax.workflows import registry, rollout
@@ -109,9 +111,16 @@ def base_config() -> ml_collections.ConfigDict:
   # extra rollouts of problems_per_step fresh problems per step until problems_per_step problems
   # have a group with non-zero reward variance (training/refill.py); 0 = no refill. Single-process
   # runs only. Unused by the other filters.
+  # engine: what samples the replies (marl_jax/sampling/engine.py): "continuous" (slots over a
+  # paged K/V pool, requests admitted as others finish, cached prompt pages reused, episodes
+  # advancing independently) or "static" (the reference: every pending request in one padded
+  # batch per wave). The same requests get the same tokens from either (each request draws with
+  # its own key). `config.engine` sizes the continuous engine (EngineOptions).
   c.rollout = ml_collections.ConfigDict(dict(mode="tree", k=8, problems_per_step=32,
                                              tool_timeout_s=5.0, tool_memory_mb=512,
-                                             allow_unsandboxed=False, max_refills=4))
+                                             allow_unsandboxed=False, max_refills=4,
+                                             engine="continuous"))
+  c.engine = section(EngineOptions())
   # Rollout sampling. stop: stop strings, a reply ends at the first one (its text excludes it).
   # per_agent.<agent>.{temperature, top_p, max_new_tokens, stop}: one agent's own setting, None =
   # the value above; a section exists for every agent of every registered workflow, and setting
@@ -171,6 +180,7 @@ class Built:
   lora: LoraConfig | None
   critic: tuple[int, ...] | None
   critic_optim: OptimConfig
+  engine: EngineOptions
 
 
 def _user_errors(check):
@@ -217,6 +227,7 @@ def build(c: ml_collections.ConfigDict) -> Built:
   except ValueError as e:
     raise ValueError(f"config.policy: {e}") from None
   checks.one_of(c.rollout.mode, rollout.MODES, "rollout.mode")
+  engine = engine_options(c)
   checks.precision(c)
   train = checks.dataclass_of(TrainSettings, c.train, "train", field_first=True)
   checks.sft(c)
@@ -248,7 +259,24 @@ def build(c: ml_collections.ConfigDict) -> Built:
                lora=checks.dataclass_of(LoraConfig, c.lora, "lora") if layout.adapters else None,
                critic=None if c.policy.critic is None else tuple(c.policy.critic),
                critic_optim=checks.dataclass_of(OptimConfig, c.policy.critic_optim,
-                                                "policy.critic_optim"))
+                                                "policy.critic_optim"),
+               engine=engine)
+
+
+def engine_options(c: ml_collections.ConfigDict) -> EngineOptions:
+  """`config.engine` checked against `rollout.engine`: the static engine reads only
+  `top_candidates`, so sizing any other field for it is refused."""
+  checks.one_of(c.rollout.engine, sorted(engines.ENGINES), "rollout.engine")
+  options = checks.dataclass_of(EngineOptions, c.engine, "engine", field_first=True)
+  if c.rollout.engine == "static":
+    default = EngineOptions()
+    changed = [f.name for f in dataclasses.fields(options) if f.name != "top_candidates"
+               and getattr(options, f.name) != getattr(default, f.name)]
+    if changed:
+      raise ValueError(f"config.engine.{changed[0]}={getattr(options, changed[0])!r} sizes the "
+                       "continuous engine, but config.rollout.engine='static'; expected "
+                       "rollout.engine='continuous' or the field's default")
+  return options
 
 
 def init_from(c: ml_collections.ConfigDict) -> tuple[str, int] | None:
@@ -272,23 +300,44 @@ def init_from(c: ml_collections.ConfigDict) -> tuple[str, int] | None:
 
 
 # What a resumed run may change: how far it runs, how it is named, logged, checkpointed and
-# evaluated. Anything else would continue the checkpoint under a different computation.
-RESUMABLE = ("name", "train.steps", "eval.", "logging.", "checkpoint.")
+# evaluated, and which engine samples (every engine draws the same tokens for a request).
+# Anything else would continue the checkpoint under a different computation.
+RESUMABLE = ("name", "train.steps", "eval.", "logging.", "checkpoint.", "rollout.engine",
+             "engine.")
+
+
+class _Absent:
+  """A key neither the config nor the base config has."""
+
+  def __repr__(self) -> str:
+    return "(absent)"
+
+
+def _flat_json(tree: dict[str, Any]) -> dict[str, Any]:
+  return traverse_util.flatten_dict(tree, sep=".")
 
 
 def check_resume(saved: dict[str, Any], c: ml_collections.ConfigDict) -> None:
-  """Refuses to resume a run whose saved config (`config.json`, as JSON) differs from `c` in a
-  key outside `RESUMABLE`; keys only one side has (a newer or older schema) are not compared.
+  """Refuses to resume a run whose saved config (its checkpoint's identity, as JSON) differs from
+  `c` in a key outside `RESUMABLE`. Both key sets are compared: a key only one side has stands
+  for the base config's default there (a field added since the run was saved, at its default,
+  changes nothing; `--config.env.kwargs.path=...` on a run that had none does), or is
+  "(absent)" where the base config has no such field.
 
   Raises UserInputError naming the first such keys with both values.
   """
-  current = traverse_util.flatten_dict(json.loads(c.to_json_best_effort()), sep=".")
-  saved = traverse_util.flatten_dict(saved, sep=".")
-  changed = [k for k in sorted(saved.keys() & current.keys())
-             if saved[k] != current[k]
+  current, saved = _flat_json(json.loads(c.to_json_best_effort())), _flat_json(saved)
+  defaults = _flat_json(json.loads(base_config().to_json_best_effort()))
+  absent = _Absent()
+
+  def value(side: dict[str, Any], k: str) -> Any:
+    return side.get(k, defaults.get(k, absent))
+
+  changed = [k for k in sorted(saved.keys() | current.keys())
+             if value(saved, k) != value(current, k)
              and not any(k == r or (r.endswith(".") and k.startswith(r)) for r in RESUMABLE)]
   if changed:
-    shown = "; ".join(f"{k}: {saved[k]!r} -> {current[k]!r}" for k in changed[:3])
+    shown = "; ".join(f"{k}: {value(saved, k)!r} -> {value(current, k)!r}" for k in changed[:3])
     raise UserInputError(f"the workdir's checkpoint was trained under another config ({shown}"
                          f"{'; ...' if len(changed) > 3 else ''}); resume with the saved "
                          "config.json or use a new workdir (a resume may change only "

@@ -17,7 +17,8 @@ from typing import Any
 from marl_jax.algos import batch as batch_lib
 from marl_jax.parallel import multihost
 from marl_jax.traces.store import TraceWriter
-from marl_jax.workflows.rollout import Generate, Problem, RolloutConfig, RolloutResult, rollout
+from marl_jax.workflows.rollout import (Generate, Problem, RolloutConfig, RolloutResult, Serving,
+                                        rollout)
 from marl_jax.workflows.spec import WorkflowSpec
 
 
@@ -45,8 +46,8 @@ def success_metrics(result: RolloutResult, num_problems: int, k: int,
   return out
 
 
-def evaluate(problems: Sequence[Problem], spec: WorkflowSpec, generate: Generate, params: Any,
-             *, k: int, rollout_cfg: RolloutConfig, trace_path: str | os.PathLike | None = None
+def evaluate(problems: Sequence[Problem], spec: WorkflowSpec, policy: Generate | Serving,
+             params: Any, *, k: int, rollout_cfg: RolloutConfig, trace_path: str | os.PathLike | None = None
              ) -> dict[str, float]:
   """Rolls out k independent episodes per problem; writes their traces to `trace_path`.
 
@@ -56,7 +57,7 @@ def evaluate(problems: Sequence[Problem], spec: WorkflowSpec, generate: Generate
   cfg = RolloutConfig(mode="independent", k=k, tool_timeout_s=rollout_cfg.tool_timeout_s,
                       tool_memory_mb=rollout_cfg.tool_memory_mb,
                       record_traces=trace_path is not None)
-  result = rollout(problems, spec, generate, params, cfg)
+  result = rollout(problems, spec, policy, params, cfg)
   if trace_path is not None:
     with TraceWriter(trace_path) as writer:
       for episode in result.episodes:

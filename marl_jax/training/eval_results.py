@@ -1,6 +1,11 @@
 """Where evaluation results live in a workdir: `eval/step<N>.json` for the run's own evaluation
 set, `eval/<split>_step<N>.json` for a named one (`experiments.evaluate --split`). The evaluate
-CLI writes them and `experiments.reproduce` collects them; both go through this module."""
+CLI writes them and `experiments.reproduce` collects them; both go through this module.
+
+A split also names the evaluation's trace files, `traces/<split>_step<N>.jsonl`. The trainer's own
+evaluations write `eval_step<N>` and `pretrained_step0` there, so `evaluate` never uses those
+names: on the run's own set it writes `OWN_SET_TRACES` (`traces/evaluate_step<N>.jsonl`; its
+metrics keep the trainer's names, `eval/...`), and no `--split` may take any of them."""
 
 from __future__ import annotations
 
@@ -13,13 +18,16 @@ from typing import Any
 from marl_jax.errors import UserInputError
 
 _SPLIT = re.compile(r"[A-Za-z0-9_]+")
+OWN_SET_TRACES = "evaluate"
+_RESERVED = ("eval", "pretrained", OWN_SET_TRACES, "step")  # the trainer's, evaluate's, files'
 
 
 def check_split(split: str | None) -> None:
-  """A split names files and metric prefixes: letters, digits and '_', not 'eval' or 'step'."""
-  if split is not None and (not _SPLIT.fullmatch(split) or split in ("eval", "step")):
+  """A split names files and metric prefixes: letters, digits and '_', none of the names the
+  trainer and `evaluate` write under themselves (module doc)."""
+  if split is not None and (not _SPLIT.fullmatch(split) or split in _RESERVED):
     raise UserInputError(f"--split={split!r}; expected a name of letters, digits and '_' other "
-                         "than 'eval' and 'step'")
+                         f"than {', '.join(map(repr, _RESERVED))}")
 
 
 def _prefix(split: str | None) -> str:

@@ -1,7 +1,8 @@
 """A trained run's policies as Hugging Face model directories (`experiments/export.py`), and as
 plain (config, params, tokenizer) models for tools that read a workdir (the lm-eval adapter).
 
-A workdir holds the run's `config.json` and orbax checkpoints of its trainable params. The team's
+A workdir holds orbax checkpoints of the run's trainable params, each with the config it was
+trained under (`run_identity`; `config.json` is its readable copy). The team's
 layout (`parallel/layouts.py`) says which params act for which agent: one exported model per
 policy, named after the agents it acts for (`solver`, `tool+reasoner` for a shared model). A LoRA
 team's adapters are either merged into the base (`lora='merge'`: plain models) or written as PEFT
@@ -22,7 +23,6 @@ import os
 from typing import Any
 
 import jax
-import ml_collections
 
 from marl_jax.errors import UserInputError
 from marl_jax.models import lora as lora_lib
@@ -32,8 +32,8 @@ from marl_jax.models.hf import export_hf_dir
 from marl_jax.models.tokenizer import Tokenizer
 from marl_jax.parallel import layouts, policies
 from marl_jax.training import config as config_lib
-from marl_jax.training import setup
-from marl_jax.training.checkpoint import CHECKPOINT_DIR, Checkpointer
+from marl_jax.training import run_identity, setup
+from marl_jax.training.checkpoint import CHECKPOINT_DIR, Checkpointer, holding
 
 LORA_MODES = ("merge", "adapters")
 MANIFEST = "export.json"
@@ -64,38 +64,22 @@ def _check_lora(lora: str, kind: str) -> None:
                          f"{kind!r}), not LoRA adapters; expected --lora=merge")
 
 
-def saved_config(workdir: str) -> ml_collections.ConfigDict:
-  """The config a run was trained with (its workdir's config.json)."""
-  path = os.path.join(workdir, "config.json")
-  try:
-    with open(path) as f:
-      return ml_collections.ConfigDict(json.load(f))
-  except FileNotFoundError:
-    raise UserInputError(f"{workdir!r} has no config.json; expected the workdir of a run "
-                         "(experiments.train writes one)") from None
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise UserInputError(f"{path}: not valid JSON ({e}); expected the config.json a run "
-                         "wrote") from None
-
-
 def restore_team(workdir: str, step: int | None = None, lora: str | None = None) -> Team:
-  """The run's policies at checkpoint `step` (default: the latest). `lora`, when given, is the
-  export's LoRA mode, checked against the run before anything loads."""
-  c = saved_config(workdir)
-  if lora is not None:
-    _check_lora(lora, c.policy.kind)
-  try:
-    built = config_lib.build(c)
-  except ValueError as e:
-    raise UserInputError(f"{workdir}/config.json: {e}") from None
-  with Checkpointer(os.path.join(workdir, CHECKPOINT_DIR)) as checkpoints:
-    steps = checkpoints.all_steps()
-    if not steps or (step is not None and step not in steps):
-      raise UserInputError(f"--checkpoint={step}: {workdir} has "
-                           f"{'no checkpoint' if not steps else f'checkpoints {steps}'}; "
-                           "expected a saved step")
-    step = steps[-1] if step is None else step
-    restored = checkpoints.restore_on_one_device(step)
+  """The run's policies at checkpoint `step` (default: the latest), read as a reader of a run
+  that may be training (`workdir_lock`): the store is opened read-only, the step is held
+  against the writer's rotation while it loads, and the team is built from the config that
+  checkpoint carries (`run_identity.saved_config`), not from config.json. `lora`, when given, is
+  the export's LoRA mode, checked against the run before the params load."""
+  with holding(workdir, step) as step:
+    c = run_identity.saved_config(workdir, step)
+    if lora is not None:
+      _check_lora(lora, c.policy.kind)
+    try:
+      built = config_lib.build(c)
+    except ValueError as e:
+      raise UserInputError(f"{workdir} checkpoint {step}: its config: {e}") from None
+    with Checkpointer(os.path.join(workdir, CHECKPOINT_DIR), read_only=True) as checkpoints:
+      restored = checkpoints.restore_on_one_device(step)
   policy, base, tokenizers = setup.load_team(c, built)
   spec = built.spec
   agents = tuple(tuple(a for a in spec.agents if spec.policy_id(a) == p)

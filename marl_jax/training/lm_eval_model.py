@@ -20,7 +20,9 @@ learner's), scored in LM-head slices so no [rows, T, vocab] logits are held whol
 `get_rolling_token_windows`), so scores are comparable with its `hf` model's.
 
 lm-eval is an optional dependency (requirements-eval.txt); this module imports it and registers the
-model on import, which `experiments/harness.py` does before handing over to lm-eval's CLI.
+model on import, which `experiments/harness.py` does before handing over to lm-eval's CLI. A bad
+model argument (or a request that cannot fit them) raises UserInputError: one line from the
+harness.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ import numpy as np
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from tqdm.auto import tqdm
 
 from marl_jax.algos import logprobs
+from marl_jax.errors import UserInputError
 from marl_jax.models import decoder
 from marl_jax.models.config import ModelConfig
 from marl_jax.models.loading import load_model
@@ -79,7 +83,7 @@ def _int(name: str, value: Any, low: int) -> int:
   except (TypeError, ValueError):
     number = None
   if number is None or number < low or str(value).strip() != str(number):
-    raise ValueError(f"marl_jax model argument {name}={value!r}; expected an integer >= {low}")
+    raise UserInputError(f"marl_jax model argument {name}={value!r}; expected an integer >= {low}")
   return number
 
 
@@ -94,16 +98,16 @@ class MarlJaxLM(TemplateLM):
                max_batch_size: int | None = None):
     super().__init__()
     if (checkpoint is None) == (model is None):
-      raise ValueError("marl_jax model arguments: give exactly one of checkpoint=RUN_DIR (a "
-                       "trained run) and model=NAME_OR_DIR (a model load_model reads)")
+      raise UserInputError("marl_jax model arguments: give exactly one of checkpoint=RUN_DIR (a "
+                           "trained run) and model=NAME_OR_DIR (a model load_model reads)")
     del device  # lm-eval's CLI always passes one ('cuda:0' by default); JAX places arrays on
     # its default backend (JAX_PLATFORMS chooses), so there is nothing to pick here
     if max_batch_size is not None:
-      raise ValueError(f"marl_jax model: max_batch_size={max_batch_size!r}; expected none "
-                       "(batch sizes are fixed: --batch_size N, not 'auto')")
+      raise UserInputError(f"marl_jax model: max_batch_size={max_batch_size!r}; expected none "
+                           "(batch sizes are fixed: --batch_size N, not 'auto')")
     if model is not None and (step is not None or policy is not None):
-      raise ValueError("marl_jax model arguments step= and policy= pick a checkpoint's policy; "
-                       "they need checkpoint=, not model=")
+      raise UserInputError("marl_jax model arguments step= and policy= pick a checkpoint's policy; "
+                           "they need checkpoint=, not model=")
     self.batch_size = _int("batch_size", batch_size, 1)
     self.seed = _int("seed", seed, 0)
     if checkpoint is not None:
@@ -116,8 +120,8 @@ class MarlJaxLM(TemplateLM):
     context = self.config.max_position_embeddings
     self.max_length = context if max_length is None else _int("max_length", max_length, 2)
     if self.max_length > context:
-      raise ValueError(f"marl_jax model argument max_length={self.max_length}; expected at most "
-                       f"the model's context, {context}")
+      raise UserInputError(f"marl_jax model argument max_length={self.max_length}; expected at "
+                           f"most the model's context, {context}")
     self.sampler = Sampler(self.config, self.tokenizer)
     self._key = jax.random.key(self.seed)
 
@@ -152,23 +156,26 @@ class MarlJaxLM(TemplateLM):
   def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
                             disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
     """(sum of log p(continuation tokens), all of them greedy) per (context, continuation)
-    token pair; the context is cut from the left to fit `max_length` (as lm-eval's `hf`)."""
-    del disable_tqdm, kwargs
+    token pair; the context is cut from the left to fit `max_length` (as lm-eval's `hf`). A bar
+    counts the pairs scored unless lm-eval passes `disable_tqdm`."""
+    del kwargs
     pairs = []
     for _, context, continuation in requests:
       if not continuation:
-        raise ValueError("lm-eval sent an empty continuation; expected at least one token")
+        raise UserInputError("lm-eval sent an empty continuation; expected at least one token")
       if len(continuation) > self.max_length:
-        raise ValueError(f"a continuation of {len(continuation)} tokens does not fit "
-                         f"max_length={self.max_length}")
+        raise UserInputError(f"a continuation of {len(continuation)} tokens does not fit "
+                             f"max_length={self.max_length}")
       whole = (list(context) + list(continuation))[-(self.max_length + 1):]
       pairs.append((whole[:-len(continuation)], list(continuation)))
     out: list[tuple[float, bool] | None] = [None] * len(pairs)
     order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
-    for start in range(0, len(order), self.batch_size):
-      rows = order[start:start + self.batch_size]
-      for i, scored in zip(rows, self._score([pairs[i] for i in rows])):
-        out[i] = scored
+    with tqdm(total=len(pairs), desc="loglikelihood", disable=disable_tqdm) as bar:
+      for start in range(0, len(order), self.batch_size):
+        rows = order[start:start + self.batch_size]
+        for i, scored in zip(rows, self._score([pairs[i] for i in rows])):
+          out[i] = scored
+        bar.update(len(rows))
     return out
 
   def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
@@ -189,44 +196,47 @@ class MarlJaxLM(TemplateLM):
 
   def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
     """Each string's total log-likelihood over lm-eval's disjoint rolling windows of
-    `max_length` tokens, the first conditioned on the end-of-text token."""
+    `max_length` tokens, the first conditioned on the end-of-text token; a bar counts the
+    strings."""
     out = []
-    for request in requests:
+    for request in tqdm(requests, desc="loglikelihood_rolling", disable=disable_tqdm):
       windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
           token_list=self.tok_encode(request.args[0]), prefix_token=self.prefix_token_id,
           max_seq_len=self.max_length, context_len=1)]
-      scored = self._loglikelihood_tokens([(("", ""), c, r) for c, r in windows], disable_tqdm)
+      scored = self._loglikelihood_tokens([(("", ""), c, r) for c, r in windows], True)
       out.append(sum(lp for lp, _ in scored))
     return out
 
   # ------------------------------------------------------------------ generation
   def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
     """Continuations from the sampler, cut at the request's `until` strings; `do_sample=False`
-    (lm-eval's default) or temperature 0 decodes greedily."""
-    del disable_tqdm
+    (lm-eval's default) or temperature 0 decodes greedily; a bar counts the requests answered."""
     out: list[str | None] = [None] * len(requests)
     groups: dict[SamplingParams, list[int]] = {}
     for i, request in enumerate(requests):
       groups.setdefault(self._sampling(request.args[1]), []).append(i)
-    for sampling, members in groups.items():
-      limit = self.max_length - sampling.max_new_tokens
-      if limit < 1:
-        raise ValueError(f"max_gen_toks={sampling.max_new_tokens} leaves no room for a prompt "
-                         f"in max_length={self.max_length}")
-      for start in range(0, len(members), self.batch_size):
-        rows = members[start:start + self.batch_size]
-        prompts = [self.tok_encode(requests[i].args[0])[-limit:] or [self.prefix_token_id]
-                   for i in rows]
-        self._key, key = jax.random.split(self._key)
-        for i, completion in zip(rows, self.sampler.generate(self.params, prompts, sampling, key)):
-          out[i] = completion.text
+    with tqdm(total=len(requests), desc="generate_until", disable=disable_tqdm) as bar:
+      for sampling, members in groups.items():
+        limit = self.max_length - sampling.max_new_tokens
+        if limit < 1:
+          raise UserInputError(f"max_gen_toks={sampling.max_new_tokens} leaves no room for a "
+                               f"prompt in max_length={self.max_length}")
+        for start in range(0, len(members), self.batch_size):
+          rows = members[start:start + self.batch_size]
+          prompts = [self.tok_encode(requests[i].args[0])[-limit:] or [self.prefix_token_id]
+                     for i in rows]
+          self._key, key = jax.random.split(self._key)
+          for i, completion in zip(rows, self.sampler.generate(self.params, prompts, sampling,
+                                                               key)):
+            out[i] = completion.text
+          bar.update(len(rows))
     return out
 
   def _sampling(self, gen_kwargs: dict[str, Any]) -> SamplingParams:
     unknown = sorted(set(gen_kwargs) - set(_GEN_KWARGS))
     if unknown:
-      raise ValueError(f"marl_jax model: generation options {unknown} are not supported; "
-                       f"expected a subset of {list(_GEN_KWARGS)}")
+      raise UserInputError(f"marl_jax model: generation options {unknown} are not supported; "
+                           f"expected a subset of {list(_GEN_KWARGS)}")
     until = gen_kwargs.get("until") or ()
     until = (until,) if isinstance(until, str) else tuple(until)
     greedy = not gen_kwargs.get("do_sample", False) or not gen_kwargs.get("temperature", 1.0)
@@ -242,11 +252,11 @@ def _checkpoint_policy(workdir: str, step: int | None, policy: str | None
   """(config, params, tokenizer, name) of one policy of a run's checkpoint."""
   team = export.restore_team(workdir, step)
   if policy is None and len(team.names) > 1:
-    raise ValueError(f"checkpoint={workdir!r} holds {len(team.names)} policies; add "
-                     f"policy=NAME, one of {list(team.names)}")
+    raise UserInputError(f"checkpoint={workdir!r} holds {len(team.names)} policies; add "
+                         f"policy=NAME, one of {list(team.names)}")
   name = team.names[0] if policy is None else policy
   if name not in team.names:
-    raise ValueError(f"marl_jax model argument policy={policy!r}; expected one of "
-                     f"{list(team.names)}")
+    raise UserInputError(f"marl_jax model argument policy={policy!r}; expected one of "
+                         f"{list(team.names)}")
   config, params, tokenizer = export.policy_model(team, team.names.index(name))
   return config, params, tokenizer, f"{workdir}:{team.step}:{name}"

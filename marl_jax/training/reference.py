@@ -25,7 +25,7 @@ from absl import logging
 from marl_jax.errors import UserInputError
 from marl_jax.parallel.train_step import TrainFns
 from marl_jax.training import config as config_lib
-from marl_jax.training.checkpoint import CHECKPOINT_DIR, Checkpointer
+from marl_jax.training.checkpoint import CHECKPOINT_DIR, Checkpointer, holding
 from marl_jax.training.checkpoint_integrity import one_line
 
 
@@ -54,8 +54,10 @@ def copy(fns: TrainFns, trainable: Any) -> Any:
 def restore_params(workdir: str, step: int, target: dict[str, Any], source: str) -> Any:
   """The trainable params of checkpoint `step` of `workdir`, restored into `target`'s layout
   ({"train": a TrainState, "rng": a key}, read only); `source` names where the step came from in
-  the one-line refusal of a checkpoint of another team."""
-  with Checkpointer(os.path.join(workdir, CHECKPOINT_DIR), read_only=True) as checkpoints:
+  the one-line refusal of a checkpoint of another team. Another run's writer may be live: the
+  step is held against its rotation while it loads (`holding`)."""
+  with holding(workdir, step), Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
+                                            read_only=True) as checkpoints:
     try:
       restored = checkpoints.restore(step, target=target)
     except (ValueError, TypeError, KeyError) as e:

@@ -50,6 +50,17 @@ def check_resume(workdir: str, c: ml_collections.ConfigDict, *, write: bool = Tr
       f.write(json.dumps(saved, indent=2))
 
 
+def saved_config(workdir: str, step: int) -> ml_collections.ConfigDict:
+  """The config checkpoint `step` of the workdir's run was trained under: the identity it
+  carries, or `config.json` for a checkpoint older than identities. What a reader (`export`)
+  builds the run's team from: `config.json` can be deleted, edited, or half-written by a
+  starting trainer. A damaged host item raises CheckpointDamagedError (one line)."""
+  with Checkpointer(os.path.join(workdir, CHECKPOINT_DIR), read_only=True) as checkpoints:
+    saved = checkpoints.read_host(step).get("identity")
+  return ml_collections.ConfigDict(saved if isinstance(saved, dict)
+                                   else _config_json(workdir, [step]))
+
+
 def _checkpoint_identity(workdir: str, steps: list[int]) -> dict[str, Any] | None:
   """The identity in the newest step whose host item is intact; None when that step has none."""
   with Checkpointer(os.path.join(workdir, CHECKPOINT_DIR), read_only=True) as checkpoints:

@@ -34,7 +34,7 @@ from absl import logging
 
 from marl_jax.envs.base import truncate
 from marl_jax.parallel import layouts, update
-from marl_jax.parallel.policies import PolicyConfig
+from marl_jax.parallel.policy_config import PolicyConfig
 from marl_jax.training.metrics import MetricWriter
 from marl_jax.workflows.rollout import Sample
 

@@ -8,9 +8,14 @@ step 0's `eval/` metrics are those of the warm-started policy RL starts from.
 
 Everything a step consumes is a function of (seed, step, data position): training problems are
 consecutive fresh seeds from the data position `next_seed` (`step * problems_per_step` unless DAPO
-dynamic sampling rolled out extra problems, `training/refill.py`), sampling keys are
-`fold_in(run_key, step)`, so a run restarted from its last checkpoint (params, optimizer state,
-step, RNG key and data position) repeats exactly the steps an uninterrupted run would have taken.
+dynamic sampling rolled out extra problems, `training/refill.py`), and each reply is drawn with a
+key derived from (run key, step, rollout try, episode, turn, agent, sample) (`Run.sampling_key`,
+`training/llm_policy.py`), so a run restarted from its last checkpoint (params, optimizer state,
+step, RNG key and data position) repeats exactly the steps an uninterrupted run would have taken,
+whichever engine samples.
+
+Key streams of the run key: fold_in(run_key, s) with s = 1 the params' initialisation, 2 the
+evaluations, 3 and 4 the RL and warm-start mini-batch shuffles, 5 the rollouts' sampling.
 
 Each step is a rollout (`Run.rollout`, host side) and every update of it through the one update
 path (`parallel/update.run`). The static parts of a run come from `training/setup.py`; where RL
@@ -200,15 +205,18 @@ class Run:
                                      tool_timeout_s=c.rollout.tool_timeout_s,
                                      tool_memory_mb=c.rollout.tool_memory_mb,
                                      record_traces=False)
+    engine = dict(engine=c.rollout.engine, options=built.engine)
     self.train_policy = LLMPolicy(self.policy, self.tokenizers,
                                   setup.sampling_params(c, c.sampling.temperature,
                                                         c.sampling.top_p),
-                                  self.run_key, setup.agent_sampling_params(c, self.spec.agents))
+                                  self.run_key, setup.agent_sampling_params(c, self.spec.agents),
+                                  **engine)
     eval_top_p = c.sampling.top_p if c.eval.top_p is None else c.eval.top_p
     self.eval_policy = LLMPolicy(self.policy, self.tokenizers,
                                  setup.sampling_params(c, c.eval.temperature, eval_top_p),
                                  self.run_key,
-                                 setup.agent_sampling_params(c, self.spec.agents, for_eval=True))
+                                 setup.agent_sampling_params(c, self.spec.agents, for_eval=True),
+                                 engines=self.train_policy.engines, **engine)
     self.checkpointer = Checkpointer.from_config(c.checkpoint, workdir, read_only=not trains,
                                                  identity=run_identity.identity(c))
     self.sft_shape = self.sft_cfg = self.sft_fns = None
@@ -230,12 +238,12 @@ class Run:
     """Evaluation metrics `{split}/...` and traces `traces/{split}_step{step}...jsonl`
     (split "pretrained": the policy before the warm-start).
 
-    Every evaluation of a run draws from the same key stream (common random numbers): row b of
-    sampler call i uses the same noise at every step, so two evaluations of nearby policies
-    differ by what the policy changed, not by a fresh draw, and the learning curve's
+    Every evaluation of a run draws from the same key stream (common random numbers): the reply
+    of (episode, turn, agent) uses the same noise at every step, so two evaluations of nearby
+    policies differ by what the policy changed, not by a fresh draw, and the learning curve's
     step-to-step differences (e.g. RL's gain over the warm-start) carry far less sampling noise.
     Each evaluation alone is still an unbiased sample of the policy's success. The stream is
-    fold_in(fold_in(run_key, 2), 0), apart from every training step's fold_in(run_key, step)."""
+    fold_in(fold_in(run_key, 2), 0), apart from the rollouts' (`sampling_key`)."""
     c = self.c
     self.eval_policy.reseed(multihost.process_key(
         jax.random.fold_in(jax.random.fold_in(self.run_key, 2), 0)))
@@ -249,7 +257,7 @@ class Run:
     metrics = eval_metrics.evaluate(setup.problems(c, c.eval.seed_offset, n,
                                                    multihost.process_slice(n), for_eval=True),
                                   self.spec,
-                                  self.eval_policy.generate, self.params, k=c.eval.k,
+                                  self.eval_policy, self.params, k=c.eval.k,
                                   rollout_cfg=self.rollout_cfg, trace_path=trace_path)
     return {f"{split}/{k}": v for k, v in metrics.items()}
 
@@ -257,9 +265,8 @@ class Run:
     if not self.trains:
       raise RuntimeError("this Run was built to evaluate (trains=False): it holds no KL "
                          "reference; build it with trains=True to train")
-    self.train_policy.reseed(multihost.process_key(jax.random.fold_in(self.run_key, step)))
     start = time.monotonic()
-    samples, result, refill_metrics = self.rollout()
+    samples, result, refill_metrics = self.rollout(step)
     rollout_s = time.monotonic() - start
     samples = trained_samples(samples, self.trained_agents, self.c.train.overlong_filter)
     batch = self.batch(samples, self.shape)
@@ -337,7 +344,13 @@ class Run:
     return self._global_batch(layouts.build_batch(
         self.policy, samples, shape, [t.pad_id for t in self.tokenizers], sizes, prompts), shape)
 
-  def rollout(self) -> tuple[list[Sample], RolloutResult, dict[str, float]]:
+  def sampling_key(self, step: int, attempt: int) -> jax.Array:
+    """The key stream of step `step`'s rollout number `attempt` (DAPO refills roll out again):
+    fold_in(fold_in(fold_in(run_key, 5), step), attempt), per process."""
+    key = jax.random.fold_in(jax.random.fold_in(self.run_key, 5), step)
+    return multihost.process_key(jax.random.fold_in(key, attempt))
+
+  def rollout(self, step: int) -> tuple[list[Sample], RolloutResult, dict[str, float]]:
     """The step's samples, every rollout's result (for the metrics) and the refill metrics.
 
     One rollout of `problems_per_step` fresh problems; with DAPO dynamic sampling, more of fresh
@@ -346,9 +359,9 @@ class Run:
     c, n = self.c, self.c.rollout.problems_per_step
     results, qualifying = [], []  # qualifying[t]: the qualifying problem ids of results[t]
     while True:
+      self.train_policy.reseed(self.sampling_key(step, len(results)), version=step)
       results.append(rollout(setup.problems(c, self.next_seed, n, multihost.process_slice(n)),
-                             self.spec, self.train_policy.generate, self.params,
-                             self.rollout_cfg))
+                             self.spec, self.train_policy, self.params, self.rollout_cfg))
       self.next_seed += n
       if not self.dynamic:
         return results[0].samples, results[0], {}

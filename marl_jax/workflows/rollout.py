@@ -15,25 +15,36 @@ Three rollout modes (docs/papers.md sections 1 and 3):
                Node and parent ids follow `batch.child_traj` / `batch.parent_node`; the `magrpo`
                estimator turns them into `R = r + gamma * mean(children)` minus the sibling mean.
 
-At each wave the prompts of all live episodes are grouped by policy and sent in one `generate`
-call per policy; the programs of tool agents then run in the sandbox together.
+Episodes advance independently. Each live episode submits its next request(s) (one, or K in
+tree mode and at a magrpo_tree fork) to a `Responder` once its previous reply is stepped;
+replies come back as they finish, a tree group is stepped once its own K siblings are in, and a
+tool agent's program and every env step (a code env's judge runs programs too) run in worker
+threads while the engine keeps decoding the other episodes (`_Run`: rounds in an order that
+does not depend on thread timing). An engine-backed policy (`training/llm_policy.py`) streams
+replies from the continuous engine; a plain `Generate` function is served in lock-step waves
+(`Waves`: every pending request in one call per policy, once every running job has returned),
+which is also what the static engine does. Every request carries its identity (episode, turn,
+agent, sample), from which an engine-backed policy derives its sampling key, so replies do not
+depend on the order in which episodes advance; the rollout's samples are put in one canonical
+order at the end (the order of lock-step waves: by step, then episode lineage, then candidate),
+so a rollout returns the same samples whichever responder served it.
 
 Rewards: an environment step returns additive agent-keyed contributions. The acting agent's entry
 goes to the sample just produced; entries for other agents go to those agents' samples of the same
 turn (in tree mode to all K samples of that group: they share the state the contribution is about,
 and a constant shift within a group leaves its advantages unchanged).
 
-Decision rewards (learned orchestration): an env whose agents make orchestration decisions (when
-to stop, ...) may define `final_rewards() -> {agent: value}`, settled when the episode ends and
-added to every sample of that agent in the trajectory, since a decision is judged by the episode
+Decision rewards (learned orchestration): an env whose agents make orchestration decisions (when to
+stop, ...) is an `envs.base.RewardsDecisions`; its `final_rewards()`, settled when the episode ends,
+is added to every sample of that agent in the trajectory, since a decision is judged by the episode
 it led to; the trace records the sum as the `orchestration` channel. A step's info drives the
 orchestration events: "decision" an `orchestrator_decision`, "spawn" (worker names) one `spawn`
 each, "aggregate" (worker names) an `aggregate` event with edges from those workers' replies, then
-their `despawn`. Only independent rollouts may carry decision rewards: in the tree modes a
-sample's branch is not the episode's. Each sample keeps the discrete `state` its agent observed
+their `despawn`. Only independent rollouts may carry decision rewards: in the tree modes a sample's
+branch is not the episode's. Each sample keeps the discrete `state` its agent observed
 (`envs.base.Observation.state`, checked against the workflow's `num_states`), so independent
-trajectories' decisions can be grouped with the decisions taken in the same state
-(`group_by` "problem_turn_agent_state"); a workflow with states records it on each decision event
+trajectories' decisions can be grouped with the decisions taken in the same state (`group_by`
+"problem_turn_agent_state"); a workflow with states records it on each decision event
 (`observed_state`).
 
 Team rewards (the global term, `alpha * team + local`): in the tree modes each sample carries the
@@ -44,11 +55,13 @@ Independent trajectories carry the episode's final outcome on every sample (Dr. 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import functools
 import json
 from collections import defaultdict
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from marl_jax.algos import batch as batch_lib
 from marl_jax.envs import actions as actions_lib
@@ -74,11 +87,14 @@ class Problem:
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-  """One prompt for the sampler. `env` is the state it came from; only scripted policies read it."""
+  """One prompt for a policy. `env` is the state it came from; only scripted policies read it.
+  `ids`: (episode, turn, agent id, sample), unique within a rollout; an engine-backed policy
+  draws the reply with a key derived from them (`sampling.engine.request_key`)."""
 
   messages: list[dict[str, str]]
   agent: str
   env: Any
+  ids: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,10 +106,67 @@ class Generation:
   token_ids: tuple[int, ...] = ()
   logprobs: tuple[float, ...] = ()
   finish_reason: str = "stop"
+  policy_version: int = 0  # the weights that produced it (the engine's `load` version)
 
 
 # generate(requests, policy_id, params) -> one Generation per request, in order.
 Generate = Callable[[Sequence[Request], int, Any], Sequence[Generation]]
+# (ticket, request, policy id): a request submitted to a Responder; its reply comes back with
+# the ticket.
+Ticket = tuple[Hashable, Request, int]
+
+
+class Responder(Protocol):
+  """What the rollout talks to: takes requests, hands back replies as they are ready."""
+
+  streams: bool  # replies arrive while others are pending (else all at once, in waves)
+
+  def submit(self, tickets: Sequence[Ticket]) -> None: ...
+
+  def collect(self) -> list[tuple[Hashable, Generation]]:
+    """Advances the pending requests; returns the replies that are ready (possibly none)."""
+
+  @property
+  def pending(self) -> int: ...
+
+
+@runtime_checkable
+class Serving(Protocol):
+  """A policy backed by engines: `serve(params)` loads weights and returns its Responder."""
+
+  def serve(self, params: Any) -> Responder: ...
+
+
+class Waves:
+  """A `Generate` function as a Responder: every pending request in one call per policy (in
+  policy order, requests in submission order), all replies at once."""
+
+  streams = False
+
+  def __init__(self, generate: Generate, params: Any):
+    self.generate, self.params = generate, params
+    self._queue: list[Ticket] = []
+
+  def submit(self, tickets: Sequence[Ticket]) -> None:
+    self._queue.extend(tickets)
+
+  @property
+  def pending(self) -> int:
+    return len(self._queue)
+
+  def collect(self) -> list[tuple[Hashable, Generation]]:
+    by_policy: dict[int, list[Ticket]] = defaultdict(list)
+    for ticket in self._queue:
+      by_policy[ticket[2]].append(ticket)
+    self._queue = []
+    out = []
+    for policy_id, items in sorted(by_policy.items()):
+      replies = list(self.generate([r for _, r, _ in items], policy_id, self.params))
+      if len(replies) != len(items):
+        raise ValueError(f"generate returned {len(replies)} replies for {len(items)} prompts "
+                         f"(policy {policy_id})")
+      out += [(ticket, reply) for (ticket, _, _), reply in zip(items, replies)]
+    return out
 
 
 @dataclasses.dataclass
@@ -161,6 +234,8 @@ class _Episode:
   env: Any
   cursor: Cursor
   recorder: TraceRecorder | None
+  lineage: tuple[int, ...] = ()  # its place among the live episodes of lock-step waves
+  steps: int = 0  # agent steps taken so far (the wave it is in)
   # this turn's samples; empty exactly at the start of a turn (where magrpo_tree forks)
   open: dict[str, list[int]] = dataclasses.field(default_factory=dict)
   channels: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -173,46 +248,151 @@ class _Episode:
 def check_decision_rewards(env: Any, task: str, mode: str) -> None:
   """An env that credits decisions with the episode they led to (`final_rewards`) needs each
   episode on its own: ValueError naming `rollout.mode` otherwise."""
-  if hasattr(env, "final_rewards") and mode != "independent":
+  if isinstance(env, envs_base.RewardsDecisions) and mode != "independent":
     raise ValueError(f"rollout.mode={mode!r}: {task!r} credits decisions with the episode they "
                      "led to, which shared tree branches cannot carry; expected "
                      "rollout.mode='independent'")
 
 
-def rollout(problems: Sequence[Problem], spec: WorkflowSpec, generate: Generate, params: Any,
-            cfg: RolloutConfig) -> RolloutResult:
-  """Runs every problem to the end of its episode(s); returns all samples and episodes."""
-  samples: list[Sample] = []
+def rollout(problems: Sequence[Problem], spec: WorkflowSpec, policy: Generate | Serving,
+            params: Any, cfg: RolloutConfig) -> RolloutResult:
+  """Runs every problem to the end of its episode(s); returns all samples and episodes.
+  `policy`: an engine-backed policy (`Serving`, fed `params`) or a `Generate` function."""
+  responder = policy.serve(params) if isinstance(policy, Serving) else Waves(policy, params)
   trajs, branching = batch_lib.id_layout(cfg.mode, cfg.k, spec.max_turns)
-  live = [_start(p, spec, cfg, traj_id=batch_lib.traj_id(p.problem_id, j, trajs))
-          for p in problems for j in range(cfg.k if cfg.mode == "independent" else 1)]
-  per_branch_team = cfg.mode != "independent"
-  if live:
-    check_decision_rewards(live[0].env, live[0].problem.task, cfg.mode)
-  episodes, safety_events = [], 0
-  while live:
-    forks = [cfg.mode == "magrpo_tree" and not ep.open for ep in live]
-    counts = [cfg.k if cfg.mode == "tree" or fork else 1 for fork in forks]
-    observations, replies = _generate_all(live, spec, generate, params, counts)
-    tool_outputs = _run_tools(live, spec, replies, cfg)
-    still_live = []
-    for i, ep in enumerate(live):
-      if forks[i]:  # one branch per joint action, each stepped with its own reply
-        branches = _fork(ep, cfg.k, branching, spec.max_turns)
-        steps = [(b, replies[i][j:j + 1], tool_outputs[i][j:j + 1])
-                 for j, b in enumerate(branches)]
+  starts = [_start(p, spec, cfg, traj_id=batch_lib.traj_id(p.problem_id, j, trajs))
+            for p in problems for j in range(cfg.k if cfg.mode == "independent" else 1)]
+  if starts:
+    check_decision_rewards(starts[0].env, starts[0].problem.task, cfg.mode)
+  run = _Run(spec, cfg, responder)
+  for i, ep in enumerate(starts):
+    ep.lineage = (i,)
+    run.launch(ep)
+  with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+    run.pool = pool
+    run.loop()
+  order = sorted(range(len(run.samples)), key=run.order.__getitem__)
+  at = {old: new for new, old in enumerate(order)}
+  samples = [dataclasses.replace(run.samples[i], parent=at.get(run.samples[i].parent, -1))
+             for i in order]
+  run.episodes.sort(key=lambda e: e.traj_id)
+  return RolloutResult(samples, run.episodes, run.safety_events)
+
+
+class _Run:
+  """One rollout's live state: episodes waiting for replies, programs or env steps, and what
+  they made. Programs and env steps run in worker threads (`jobs`); everything that touches the
+  shared records runs here, in the rollout's thread, in an order that does not depend on thread
+  timing (so a rollout is reproducible run to run, a resumed run's included):
+
+    each round: submit the requests launched last round (sorted by ticket), run one responder
+    step while last round's jobs run in their threads, apply those jobs' results in the order
+    they were submitted, then this step's replies (which submit the next round's jobs).
+
+  The jobs of one round thus overlap the next engine step; an episode's next request waits one
+  round for its env step. A responder that serves in waves (`streams` False) is only asked once
+  no job runs, so its next wave holds every episode's next request, as lock-step waves did."""
+
+  def __init__(self, spec: WorkflowSpec, cfg: RolloutConfig, responder: Responder):
+    self.spec, self.cfg, self.responder = spec, cfg, responder
+    self.samples: list[Sample] = []
+    self.order: list[tuple] = []  # each sample's canonical sort key (see the module docstring)
+    self.episodes: list[Episode] = []
+    self.safety_events = 0
+    self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+    # (steps, lineage) -> the episode, its observation and its replies so far
+    self.waiting: dict[tuple, tuple[_Episode, envs_base.Observation, list[Generation | None]]] = {}
+    self.launched: list[Ticket] = []  # requests to submit at the next round
+    self.jobs: list[tuple[concurrent.futures.Future, Callable[[Any], None]]] = []
+
+  def launch(self, ep: _Episode) -> None:
+    """Queues the request(s) of ep's next step: K at a tree step or a magrpo_tree fork."""
+    spec, agent = self.spec, ep.cursor.agent
+    obs = ep.env.observe(agent)
+    if not (isinstance(obs.state, int) and 0 <= obs.state < spec.num_states):
+      raise ValueError(f"{type(ep.env).__name__}.observe({agent!r}) gave state {obs.state!r}; "
+                       f"expected an int in [0, {spec.num_states}) (the workflow's num_states)")
+    fork = self.cfg.mode == "magrpo_tree" and not ep.open
+    count = self.cfg.k if self.cfg.mode == "tree" or fork else 1
+    uid = (ep.steps, ep.lineage)  # unique among waiting episodes, and their canonical order
+    self.waiting[uid] = (ep, obs, [None] * count)
+    messages = obs.messages()
+    ids = (ep.traj_id, ep.cursor.turn, spec.agent_id(agent))
+    self.launched += [((uid, j), Request(messages, agent, ep.env, ids + (j,)),
+                       spec.policy_id(agent)) for j in range(count)]
+
+  def loop(self) -> None:
+    """Rounds (see the class docstring) until every episode has finished."""
+    while self.waiting:
+      if self.launched:
+        self.responder.submit(sorted(self.launched, key=lambda t: t[0]))
+        self.launched = []
+      running, self.jobs = self.jobs, []
+      ask = self.responder.pending and (self.responder.streams or not running)
+      replies = self.responder.collect() if ask else []
+      for future, done in running:
+        done(future.result())
+      for (uid, j), reply in replies:
+        self._reply(uid, j, reply)
+
+  def _submit(self, fn: Callable[[], Any], done: Callable[[Any], None]) -> None:
+    self.jobs.append((self.pool.submit(fn), done))
+
+  def _reply(self, uid: tuple, j: int, reply: Generation) -> None:
+    ep, _, replies = self.waiting[uid]
+    replies[j] = reply
+    if any(r is None for r in replies):
+      return  # a tree group waits for its own K siblings
+    if ep.cursor.agent not in self.spec.tool_agents:
+      self._step(uid, [None] * len(replies))
+      return
+    outputs = [""] * len(replies)  # a reply with no program yields no output
+    programs = [(i, actions_lib.extract_code(gen.text)) for i, gen in enumerate(replies)]
+    programs = [(i, code) for i, code in programs if code is not None]
+    if not programs:
+      self._step(uid, outputs)
+      return
+    left = [len(programs)]
+    run = functools.partial(sandbox.run, timeout_s=self.cfg.tool_timeout_s,
+                            memory_mb=self.cfg.tool_memory_mb)
+    for i, code in programs:
+      def done(result, i=i):
+        outputs[i] = result.stdout if result.ok else f"{result.stdout}\n[error: {result.error}]"
+        left[0] -= 1
+        if not left[0]:
+          self._step(uid, outputs)
+      self._submit(functools.partial(run, code), done)
+
+  def _step(self, uid: tuple, tool_outputs: list[str | None]) -> None:
+    """Steps the episode with its replies (each branch with its own at a fork) in a worker,
+    then records the steps and launches what follows or finishes the episode(s)."""
+    ep, obs, replies = self.waiting[uid]
+    cfg = self.cfg
+    if cfg.mode == "magrpo_tree" and not ep.open:  # one branch per joint action
+      _, branching = batch_lib.id_layout(cfg.mode, cfg.k, self.spec.max_turns)
+      steps = [(b, [replies[g]], [tool_outputs[g]])
+               for g, b in enumerate(_fork(ep, cfg.k, branching, self.spec.max_turns))]
+    else:
+      steps = [(ep, replies, tool_outputs)]
+    self._submit(lambda: [_env_steps(*step) for step in steps],
+                 lambda stepped: self._record(uid, steps, stepped))
+
+  def _record(self, uid: tuple, steps: list, stepped: list[list[Stepped]]) -> None:
+    ep, obs, _ = self.waiting.pop(uid)
+    per_branch_team = self.cfg.mode != "independent"
+    for g, ((branch, gens, outs), results) in enumerate(zip(steps, stepped)):
+      first = len(self.samples)
+      self.safety_events += _step_episode(branch, self.spec, obs, gens, outs, results,
+                                          self.samples, self.cfg.mode == "tree",
+                                          per_branch_team)
+      self.order += [(ep.steps, ep.lineage, g + j) for j in range(len(self.samples) - first)]
+      branch.steps = ep.steps + 1
+      if len(steps) > 1:
+        branch.lineage = ep.lineage + (g,)
+      if branch.cursor.agent is None:
+        self.episodes.append(_finish(branch, self.samples, per_branch_team))
       else:
-        steps = [(ep, replies[i], tool_outputs[i])]
-      for branch, gens, outs in steps:
-        safety_events += _step_episode(branch, spec, observations[i], gens, outs, samples,
-                                       cfg.mode == "tree", per_branch_team)
-        if branch.cursor.agent is None:
-          episodes.append(_finish(branch, samples, per_branch_team))
-        else:
-          still_live.append(branch)
-    live = still_live
-  episodes.sort(key=lambda e: e.traj_id)
-  return RolloutResult(samples, episodes, safety_events)
+        self.launch(branch)
 
 
 def _fork(ep: _Episode, k: int, branching: int, max_turns: int) -> list[_Episode]:
@@ -241,67 +421,39 @@ def _start(problem: Problem, spec: WorkflowSpec, cfg: RolloutConfig, traj_id: in
   return ep
 
 
-def _generate_all(live: list[_Episode], spec: WorkflowSpec, generate: Generate, params: Any,
-                  counts: list[int]) -> tuple[list[envs_base.Observation], list[list[Generation]]]:
-  """(the observation of live episode i, its counts[i] replies), one generate call per policy.
-  Raises ValueError on an observation whose state lies outside the workflow's `num_states`."""
-  by_policy: dict[int, list[tuple[int, Request]]] = defaultdict(list)
-  observations = []
-  for i, ep in enumerate(live):
-    agent = ep.cursor.agent
-    obs = ep.env.observe(agent)
-    if not (isinstance(obs.state, int) and 0 <= obs.state < spec.num_states):
-      raise ValueError(f"{type(ep.env).__name__}.observe({agent!r}) gave state {obs.state!r}; "
-                       f"expected an int in [0, {spec.num_states}) (the workflow's num_states)")
-    observations.append(obs)
-    by_policy[spec.policy_id(agent)] += [(i, Request(obs.messages(), agent, ep.env))] * counts[i]
-  replies: list[list[Generation]] = [[] for _ in live]
-  for policy_id, items in sorted(by_policy.items()):
-    outputs = list(generate([r for _, r in items], policy_id, params))
-    if len(outputs) != len(items):
-      raise ValueError(f"generate returned {len(outputs)} replies for {len(items)} prompts "
-                       f"(policy {policy_id})")
-    for (i, _), out in zip(items, outputs):
-      replies[i].append(out)
-  return observations, replies
+# (the env after the step, its StepResult or None, the exception the step raised or None)
+Stepped = tuple[Any, envs_base.StepResult | None, Exception | None]
 
 
-def _run_tools(live: list[_Episode], spec: WorkflowSpec, replies: list[list[Generation]],
-               cfg: RolloutConfig) -> list[list[str | None]]:
-  """Sandbox stdout for every reply of a tool agent (None for other agents)."""
-  jobs = []
-  outputs: list[list[str | None]] = [[None] * len(r) for r in replies]
-  for i, ep in enumerate(live):
-    if ep.cursor.agent in spec.tool_agents:
-      for j, gen in enumerate(replies[i]):
-        outputs[i][j] = ""  # a reply with no program yields no output
-        code = actions_lib.extract_code(gen.text)
-        if code is not None:
-          jobs.append((i, j, code))
-  results = sandbox.run_many([code for _, _, code in jobs], timeout_s=cfg.tool_timeout_s,
-                             memory_mb=cfg.tool_memory_mb)
-  for (i, j, _), result in zip(jobs, results):
-    outputs[i][j] = result.stdout if result.ok else f"{result.stdout}\n[error: {result.error}]"
-  return outputs
+def _env_steps(ep: _Episode, replies: list[Generation], tool_outputs: list[str | None]
+               ) -> list[Stepped]:
+  """Steps each reply on its own clone of ep's env (a worker thread runs this: the envs are the
+  episode's own, and a code env's judge runs in the sandbox meanwhile)."""
+  agent, out = ep.cursor.agent, []
+  for gen, tool_output in zip(replies, tool_outputs):
+    env = ep.env.clone()
+    kwargs = {} if tool_output is None else {"tool_output": tool_output}
+    try:
+      out.append((env, env.step(agent, gen.text, **kwargs), None))
+    except sandbox.IsolationUnavailable:
+      raise  # the run's configuration, not the reply, is at fault
+    except Exception as e:  # a reply must never stop the run: a failed sample, ending its branch
+      out.append((ep.env.clone(), None, e))
+  return out
 
 
 def _step_episode(ep: _Episode, spec: WorkflowSpec, obs: envs_base.Observation,
                   replies: list[Generation], tool_outputs: list[str | None],
-                  samples: list[Sample], tree: bool, per_branch_team: bool) -> int:
-  """Steps each reply (to the prompt `obs`) on its own clone, keeps the best (tree) or the
-  only one, records it all; returns how many of the steps raised (safety events).
+                  stepped: list[Stepped], samples: list[Sample], tree: bool,
+                  per_branch_team: bool) -> int:
+  """Records each reply (to the prompt `obs`) stepped on its own clone (`_env_steps`), keeps the
+  best (tree) or the only one; returns how many of the steps raised (safety events).
   With `per_branch_team` each sample's team reward is its own clone's success after the step."""
   agent, turn, messages = ep.cursor.agent, ep.cursor.turn, obs.messages()
   candidates, raised = [], 0
-  for j, (gen, tool_output) in enumerate(zip(replies, tool_outputs)):
-    env = ep.env.clone()
-    kwargs = {} if tool_output is None else {"tool_output": tool_output}
-    try:
-      result = env.step(agent, gen.text, **kwargs)
-    except sandbox.IsolationUnavailable:
-      raise  # the run's configuration, not the reply, is at fault
-    except Exception as e:  # a reply must never stop the run: a failed sample, ending its branch
-      env, result = ep.env.clone(), _safety_event(ep, agent, e)
+  for j, (gen, (env, result, error)) in enumerate(zip(replies, stepped)):
+    if error is not None:
+      result = _safety_event(ep, agent, error)
       raised += 1
     samples.append(Sample(ep.problem.problem_id, ep.traj_id, turn, agent, spec.agent_id(agent),
                           spec.policy_id(agent), j if tree else ep.traj_id, ep.parent,
@@ -394,7 +546,7 @@ def _finish(ep: _Episode, samples: list[Sample], per_branch_team: bool) -> Episo
     for index in ep.samples:
       samples[index].team_reward = team
   rewards = dict(ep.channels, **{TEAM: team})
-  if hasattr(ep.env, "final_rewards"):  # decisions judged by the episode they led to
+  if isinstance(ep.env, envs_base.RewardsDecisions):  # judged by the episode they led to
     final = ep.env.final_rewards()
     for index in ep.samples:
       samples[index].reward += final.get(samples[index].agent, 0.0)

@@ -12,6 +12,7 @@ each other's compiles.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import itertools
 import json
@@ -32,7 +33,6 @@ from marl_jax.training.metrics import read_metrics
 from marl_jax.traces import replay, store
 from marl_jax.traces.schema import validate
 from marl_jax.workflows import registry
-from marl_jax.workflows.rollout import Generation
 
 pytestmark = pytest.mark.usefixtures("shared_compiles")  # conftest
 
@@ -439,14 +439,14 @@ def test_hostile_programs_do_not_break_training(name, model_dir, tmp_path, monke
   """Every reply is a hostile program (the sampled tokens are kept, so the update still runs):
   the math tool agent's programs and the coder's programs run in the sandbox, time out or hit
   their limits, and training finishes with valid traces."""
-  generate = llm_policy.LLMPolicy.generate
+  collect = llm_policy._Served.collect
+  count = itertools.count()
 
-  def hostile(self, requests, policy_id, params):
-    gens = generate(self, requests, policy_id, params)
-    return [Generation(HOSTILE[i % len(HOSTILE)], g.prompt_ids, g.token_ids, g.logprobs,
-                       g.finish_reason) for i, g in enumerate(gens)]
+  def hostile(self):
+    return [(ticket, dataclasses.replace(g, text=HOSTILE[next(count) % len(HOSTILE)]))
+            for ticket, g in collect(self)]
 
-  monkeypatch.setattr(llm_policy.LLMPolicy, "generate", hostile)
+  monkeypatch.setattr(llm_policy._Served, "collect", hostile)
   c = _cpu_run(name, model_dir)
   c.rollout.tool_timeout_s = 1.0
   if name == "atgrpo_code":

@@ -79,3 +79,18 @@ def test_show_refuses_an_episode_outside_the_file(tmp_path):
   shown = _show(str(path), "--episode=1")
   assert shown.returncode == 1 and shown.stdout == ""
   assert shown.stderr == (f"error: --episode=1: {path} holds 1 traces; expected 0 <= N < 1\n")
+
+
+def test_the_content_store_beside_a_trace_file_shows_that_file(tmp_path):
+  """`show FILE.content.jsonl` (the side file every trace file has) shows FILE; without FILE it
+  says which file it wanted, in one line."""
+  path, _, _ = _episode_file(tmp_path)
+  side = f"{path}.content.jsonl"
+  shown, direct = _show(side, "--prompt_chars=0"), _show(str(path), "--prompt_chars=0")
+  assert shown.returncode == 0 and shown.stdout == direct.stdout, shown.stderr
+  assert shown.stderr == f"{side} is a content store: reading its trace file {path}\n"
+  os.rename(path, tmp_path / "moved.jsonl")
+  missing = _show(side)
+  assert missing.returncode == 1 and missing.stderr == (
+      f"error: {side} is the content store of the trace file {path}, which is missing; expected "
+      "a trace file (FILE, not FILE.content.jsonl)\n")

@@ -35,7 +35,7 @@ from marl_jax.models import lora as lora_lib
 from marl_jax.models.lora import MODULE_GROUPS
 from marl_jax.models.tokenizer import Tokenizer
 from marl_jax.training import config as config_lib
-from marl_jax.training import export, setup, trainer
+from marl_jax.training import export, run_identity, setup, trainer
 
 pytestmark = pytest.mark.usefixtures("shared_compiles")  # conftest
 
@@ -123,7 +123,7 @@ def test_full_model_export_matches_transformers(runs, tmp_path):
   ours = _ours(team.trainable, config, tokens, mask, positions)
   assert np.abs(ours - ref)[mask].max() <= _tolerance(ref[mask])
   # The export is the trained policy, not the model it started from.
-  c = export.saved_config(runs["shared"])
+  c = run_identity.saved_config(runs["shared"], 1)
   start = _ours(setup.load_team(c, config_lib.build(c))[1], config, tokens, mask, positions)
   assert np.abs(start - ours)[mask].max() > 10 * _tolerance(ref[mask])
 
@@ -217,7 +217,7 @@ def test_export_loads_back_as_the_config_model(runs, tmp_path):
   (bitwise) and the same tokenizer."""
   team = export.restore_team(runs["shared"])
   export.export_team(team, str(tmp_path))
-  c = export.saved_config(runs["shared"])
+  c = run_identity.saved_config(runs["shared"], 1)
   c.model = str(tmp_path / "first+second")
   _, params, tokenizers = setup.load_team(c, config_lib.build(c))
   assert jax.tree.structure(params) == jax.tree.structure(team.trainable)
@@ -228,6 +228,30 @@ def test_export_loads_back_as_the_config_model(runs, tmp_path):
   assert prompt == team.tokenizers[0].apply_chat_template(chat)
   assert tokenizers[0].encode(prompt) == team.tokenizers[0].encode(prompt)
   assert tokenizers[0].stop_token_ids == team.tokenizers[0].stop_token_ids
+
+
+def test_export_builds_the_team_its_checkpoint_was_trained_as(runs):
+  """config.json is only a copy: edited to another model and layout, or deleted, the export is
+  still the checkpoint's team (its identity)."""
+  path = os.path.join(runs["shared"], "config.json")
+  with open(path) as f:
+    original = f.read()
+  try:
+    edited = json.loads(original)
+    edited["model"], edited["policy"]["kind"] = "/nowhere", "lora"
+    with open(path, "w") as f:
+      json.dump(edited, f)
+    teams = [export.restore_team(runs["shared"])]
+    os.remove(path)
+    teams.append(export.restore_team(runs["shared"]))
+  finally:
+    with open(path, "w") as f:
+      f.write(original)
+  reference = export.restore_team(runs["shared"])
+  for team in teams:
+    assert team.policy == reference.policy and team.names == ("first+second",)
+    for x, y in zip(jax.tree.leaves(team.trainable), jax.tree.leaves(reference.trainable)):
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_bad_input_is_refused_in_one_line(runs, tmp_path):
@@ -244,8 +268,7 @@ def test_bad_input_is_refused_in_one_line(runs, tmp_path):
   missing = cli(f"--workdir={tmp_path}", f"--out={tmp_path / 'out'}")
   assert missing.returncode == 1
   assert missing.stderr.strip().splitlines()[-1] == (
-      f"error: {str(tmp_path)!r} has no config.json; expected the workdir of a run "
-      "(experiments.train writes one)")
+      f"error: {tmp_path} has no checkpoint; expected the workdir of a run that saved one")
   full = cli(f"--workdir={runs['shared']}", f"--out={tmp_path / 'out'}", "--lora=adapters")
   assert full.returncode == 1 and full.stderr.strip().splitlines()[-1] == (
       "error: --lora=adapters: the run's policies are full models (policy.kind 'shared'), not "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -167,18 +168,38 @@ def test_bad_model_arguments_are_refused(setup):
     lm._sampling({"until": ["\n"], "num_beams": 4})
 
 
-def test_harness_command_runs_the_registered_model(setup):
-  """`python -m experiments.harness` is lm-eval's CLI with `--model marl_jax` known."""
-  _, path, tasks, _, _ = setup
+def _harness(model_args: str, tasks: str) -> subprocess.CompletedProcess:
   env = dict(os.environ, PYTHONPATH=_REPO, JAX_PLATFORMS="cpu", HF_DATASETS_OFFLINE="1",
              HF_HUB_OFFLINE="1")
   env.pop("XLA_FLAGS", None)
-  run = subprocess.run([sys.executable, "-m", "experiments.harness", "run", "--model", "marl_jax",
-                        "--model_args", f"model={path},max_length={MAX_LENGTH}", "--tasks",
-                        "tiny_mc", "--include_path", tasks, "--batch_size", "2"], cwd=_REPO,
-                       env=env, capture_output=True, text=True, timeout=600, check=False)
+  return subprocess.run([sys.executable, "-m", "experiments.harness", "run", "--model",
+                         "marl_jax", "--model_args", model_args, "--tasks", "tiny_mc",
+                         "--include_path", tasks, "--batch_size", "2"], cwd=_REPO, env=env,
+                        capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_harness_command_runs_the_registered_model(setup):
+  """`python -m experiments.harness` is lm-eval's CLI with `--model marl_jax` known; scoring shows
+a bar over the (context, choice) pairs: tiny_mc's two questions have 3 + 2 choices."""
+  _, path, tasks, _, _ = setup
+  run = _harness(f"model={path},max_length={MAX_LENGTH}", tasks)
   assert run.returncode == 0, run.stderr[-2000:]
   assert "|tiny_mc" in run.stdout and "acc" in run.stdout
+  bar = run.stderr.replace("\r", "\n").splitlines()
+  assert any(re.match(r"loglikelihood: 100%.*\| 5/5 ", line) for line in bar), run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("model_args, message", [
+    ("checkpoint=/nowhere", "error: /nowhere has no checkpoint; expected the workdir of a run"),
+    ("model={path},max_length=x", "error: marl_jax model argument max_length='x'; expected an "
+                                  "integer >= 2"),
+])
+def test_harness_bad_input_is_one_line(setup, model_args, message):
+  _, path, tasks, _, _ = setup
+  run = _harness(model_args.format(path=path), tasks)
+  last = run.stderr.strip().splitlines()[-1]
+  assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
+  assert last.startswith(message), last
 
 
 def test_export_check_finds_the_export_and_the_run_agree(setup):

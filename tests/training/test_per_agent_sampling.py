@@ -18,6 +18,7 @@ import pytest
 import entry_points
 import toy_task
 from marl_jax.parallel import policies
+from marl_jax.sampling.engine import request_key
 from marl_jax.sampling.params import SamplingParams
 from marl_jax.sampling.sampler import Sampler
 from marl_jax.training import config as config_lib
@@ -37,38 +38,52 @@ def tiny():
 
 
 def _requests():
-  """Two agents, interleaved, 4 copies of one prompt each (a group) plus one other prompt."""
-  def one(agent, text):
+  """Two agents, interleaved, 4 copies of one prompt each (a group) plus one other prompt; each
+  request with its own identity (its key)."""
+  def one(agent, text, i):
     return Request([{"role": "system", "content": f"You are {agent}."},
-                    {"role": "user", "content": text}], agent, None)
+                    {"role": "user", "content": text}], agent, None, (i, 0))
   out = []
-  for _ in range(4):
-    out += [one("first", "Say vowels (1)."), one("second", "Say vowels (2).")]
-  return out + [one("second", "Say vowels (3).")]
+  for i in range(4):
+    out += [one("first", "Say vowels (1).", 2 * i), one("second", "Say vowels (2).", 2 * i + 1)]
+  return out + [one("second", "Say vowels (3).", 8)]
 
 
-def _direct(policy, params, tokenizer, requests, sampling, call):
-  """What one sampler call at `sampling` with key `call` of the stream gives these requests."""
+def _direct(policy, params, tokenizer, requests, sampling):
+  """What one sampler call at `sampling` gives these requests, each with its own key."""
   sampler = Sampler(policy.models[0], tokenizer)
   prompts = [prompt_ids(tokenizer, r.messages) for r in requests]
-  return sampler.generate(params[0]["policy"], prompts, sampling,
-                          jax.random.fold_in(KEY, call))
+  keys = jax.numpy.stack([request_key(KEY, *r.ids) for r in requests])
+  return sampler.generate(params[0]["policy"], prompts, sampling, keys)
 
 
-def test_each_agent_samples_with_its_own_settings(tiny, monkeypatch):
+def _serve(llm, requests, params):
+  """The replies an LLMPolicy's Responder gives `requests` (policy 0), in request order."""
+  served = llm.serve(params)
+  served.submit([(i, r, 0) for i, r in enumerate(requests)])
+  replies = {}
+  while served.pending:
+    replies.update(served.collect())
+  return [replies[i] for i in range(len(requests))]
+
+
+@pytest.mark.parametrize("engine", ["static", "continuous"])
+def test_each_agent_samples_with_its_own_settings(tiny, monkeypatch, engine):
   """Agent "first" greedy with 3 new tokens, "second" at temperature 1.5 with 10 and a stop
   string: every reply keeps its agent's budget, the greedy group's 4 copies agree while the
   sampled group's differ, and each agent's replies are those of one sampler call of its own
-  requests at its settings, the calls taking keys 0, 1 of the stream in the order the agents
-  first appear. The stop string (a piece of a reply drawn without it: the same key draws the
-  same tokens) cuts that reply's text just before it."""
+  requests at its settings with each request's own key; the static engine makes exactly one
+  call per setting, in the order the agents first appear, and the continuous engine mixes both
+  settings in its batches and returns the same replies. The stop string (a piece of a reply
+  drawn without it: the same key draws the same tokens) cuts that reply's text just before
+  it."""
   policy, params, tokenizer = tiny
   default = SamplingParams(max_new_tokens=6, temperature=1.0)
   first = SamplingParams(max_new_tokens=3, temperature=0.0)
   second = SamplingParams(max_new_tokens=10, temperature=1.5)
   requests = _requests()
   by_agent = {a: [r for r in requests if r.agent == a] for a in ("first", "second")}
-  plain = _direct(policy, params, tokenizer, by_agent["second"], second, 1)
+  plain = _direct(policy, params, tokenizer, by_agent["second"], second)
   text = plain[0].text
   assert len(text) >= 6, text
   stop = text[3:6]
@@ -77,17 +92,18 @@ def test_each_agent_samples_with_its_own_settings(tiny, monkeypatch):
   real = Sampler.generate
   monkeypatch.setattr(Sampler, "generate", lambda self, p, prompts, s, *a, **k: calls.append(
       (len(prompts), s)) or real(self, p, prompts, s, *a, **k))
-  llm = LLMPolicy(policy, [tokenizer], default, KEY, {"first": first, "second": second})
-  got = llm.generate(requests, 0, params)
-  assert calls == [(4, first), (5, second)]
+  llm = LLMPolicy(policy, [tokenizer], default, KEY, {"first": first, "second": second},
+                  engine=engine)
+  got = _serve(llm, requests, params)
+  assert calls == ([(4, first), (5, second)] if engine == "static" else [])
   mine = {a: [g for r, g in zip(requests, got) if r.agent == a] for a in by_agent}
   assert all(len(g.token_ids) <= 3 for g in mine["first"])
   assert all(len(g.token_ids) <= 10 for g in mine["second"])
   assert len({g.token_ids for g in mine["first"]}) == 1  # greedy: one reply for one prompt
   assert len({g.token_ids for g in mine["second"][:4]}) > 1  # sampled
   monkeypatch.setattr(Sampler, "generate", real)
-  for agent, sampling, call in (("first", first, 0), ("second", second, 1)):
-    want = _direct(policy, params, tokenizer, by_agent[agent], sampling, call)
+  for agent, sampling in (("first", first), ("second", second)):
+    want = _direct(policy, params, tokenizer, by_agent[agent], sampling)
     assert [g.token_ids for g in mine[agent]] == [tuple(int(t) for t in w.tokens) for w in want]
     assert [g.text for g in mine[agent]] == [w.text for w in want]
     assert [g.finish_reason for g in mine[agent]] == [w.finish_reason for w in want]
@@ -97,8 +113,8 @@ def test_each_agent_samples_with_its_own_settings(tiny, monkeypatch):
 
 
 def test_agents_that_share_settings_share_one_sampler_call(tiny, monkeypatch):
-  """No override (or one equal to the default): one sampler call for every request with the
-  stream's first key, as before per-agent sampling existed."""
+  """No override (or one equal to the default): the static engine makes one sampler call for
+  every request, as before per-agent sampling existed."""
   policy, params, tokenizer = tiny
   default = SamplingParams(max_new_tokens=4, temperature=1.0)
   requests = _requests()
@@ -106,11 +122,11 @@ def test_agents_that_share_settings_share_one_sampler_call(tiny, monkeypatch):
   real = Sampler.generate
   monkeypatch.setattr(Sampler, "generate", lambda self, p, prompts, s, *a, **k: calls.append(
       len(prompts)) or real(self, p, prompts, s, *a, **k))
-  got = LLMPolicy(policy, [tokenizer], default, KEY,
-                  {"first": default.replace()}).generate(requests, 0, params)
+  got = _serve(LLMPolicy(policy, [tokenizer], default, KEY, {"first": default.replace()},
+                         engine="static"), requests, params)
   assert calls == [len(requests)]
   monkeypatch.setattr(Sampler, "generate", real)
-  want = _direct(policy, params, tokenizer, requests, default, 0)
+  want = _direct(policy, params, tokenizer, requests, default)
   assert [g.token_ids for g in got] == [tuple(int(t) for t in w.tokens) for w in want]
 
 

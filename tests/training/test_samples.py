@@ -93,7 +93,7 @@ def test_trainer_writes_the_samples_of_every_nth_step(model_dir, tmp_path, monke
   rollouts = []
   real_rollout = trainer.Run.rollout
   monkeypatch.setattr(trainer.Run, "rollout",
-                      lambda run: rollouts.append(real_rollout(run)) or rollouts[-1])
+                      lambda run, step: rollouts.append(real_rollout(run, step)) or rollouts[-1])
   recorder = Recorder()
   real_writer = trainer.make_writer
   monkeypatch.setattr(trainer, "make_writer", lambda *a, **k: metrics.MultiWriter(

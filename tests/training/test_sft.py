@@ -210,8 +210,8 @@ def test_a_row_without_rl_evaluates_the_warm_started_policy(model_dir, tmp_path)
   assert result["step"] == 0 and result["sft/steps"] == 2
   assert result["sft/first_loss"] == step0["sft/first_loss"]
   assert result["eval/accuracy"] == step0["eval/accuracy"]
-  replies = {name: store.read_content(tmp_path / name / "traces" / "eval_step0.jsonl")
-             for name in ("rl", "norl")}
+  replies = {name: store.read_content(tmp_path / name / "traces" / f"{prefix}_step0.jsonl")
+             for name, prefix in (("rl", "eval"), ("norl", "evaluate"))}  # trainer, evaluate
   pretrained = store.read_content(tmp_path / "rl" / "traces" / "pretrained_step0.jsonl")
   assert replies["norl"] == replies["rl"] != pretrained
 

@@ -1,5 +1,6 @@
 """One writer per workdir: a second writer is refused in one line naming the holder, and readers
-leave a writer's checkpoints (its in-progress temporary directories included) alone."""
+leave a writer's checkpoints (its in-progress temporary directories included) alone, while the
+step a reader holds outlives the writer's rotation."""
 from __future__ import annotations
 
 import os
@@ -11,6 +12,7 @@ import time
 import jax.numpy as jnp
 import pytest
 
+from marl_jax.errors import UserInputError
 from marl_jax.training import checkpoint, trainer, workdir_lock
 from marl_jax.training.checkpoint import Checkpointer
 
@@ -115,3 +117,35 @@ def test_checkpoint_of_another_model_is_one_line(tmp_path):
       reader.restore(1, target={"w": jnp.zeros((5, 4))})
   line = refused.value.report()
   assert "\n" not in line and "does not fit this config's model and team" in line
+
+
+def test_a_step_a_reader_holds_outlives_the_writers_rotation(tmp_path):
+  """max_to_keep=1 keeps only the newest step, and the one a reader holds while it reads; the
+  first save after the reader let go rotates that away too."""
+  with Checkpointer(tmp_path / "checkpoints", max_to_keep=1) as writer:
+    writer.save(1, {"w": jnp.zeros(2)})
+    with workdir_lock.reading(tmp_path, 1):
+      assert workdir_lock.held_steps(tmp_path) == {1}
+      for step in (2, 3):
+        writer.save(step, {"w": jnp.full(2, step)})
+      assert checkpoint.saved_steps(tmp_path) == [1, 3]
+      with Checkpointer(tmp_path / "checkpoints", read_only=True) as reader:
+        assert int(reader.restore(1).state["w"][0]) == 0
+    assert workdir_lock.held_steps(tmp_path) == set()
+    writer.save(4, {"w": jnp.full(2, 4)})
+  assert checkpoint.saved_steps(tmp_path) == [4]
+
+
+def test_holding_takes_the_newest_step_or_refuses_a_missing_one(tmp_path):
+  with pytest.raises(UserInputError, match=f"{tmp_path} has no checkpoint; expected the workdir"):
+    with checkpoint.holding(tmp_path):
+      pass
+  with Checkpointer(tmp_path / "checkpoints") as writer:
+    for step in (2, 5):
+      writer.save(step, {"w": jnp.zeros(2)})
+  with checkpoint.holding(tmp_path) as step:
+    assert step == 5 and workdir_lock.held_steps(tmp_path) == {5}
+  with pytest.raises(UserInputError, match=r"--checkpoint=3: .* has checkpoints \[2, 5\]; "
+                                           "expected a saved step"):
+    with checkpoint.holding(tmp_path, 3):
+      pass

@@ -4,7 +4,7 @@ HumanEval package's problems and seeded stdin/stdout tasks.
   {"id", "question", "style": "stdio"|"function", "tests", "test_setup", "entry_point", "prompt",
    "solution"}; stdio tests are [{"input", "output"}], function tests are statements run one by
    one after the candidate code and `test_setup` (a statement counts as a test when it contains
-   an `assert`).
+   an `assert` and calls the candidate: `code/harness.is_counted`).
 """
 
 from __future__ import annotations

@@ -76,7 +76,9 @@ def reply_code(response: str) -> str | None:
 
 def parse_generated_tests(response: str, style: str) -> tuple[Any, ...]:
   """Tests a tester wrote: stdio `{"input", "output"}` pairs, or the statements of its last
-  python block (function style); at most MAX_GENERATED_TESTS; empty when none parse."""
+  python block (function style) up to its MAX_GENERATED_TESTS-th with an `assert` (the judge
+  counts those that also call the candidate: `code_harness.is_counted`); empty when none
+  parse."""
   response = (response or "")[:MAX_REPLY_CHARS]
   if style == "stdio":
     return _stdio_pairs(response)
@@ -88,10 +90,10 @@ def parse_generated_tests(response: str, style: str) -> tuple[Any, ...]:
     statements = [ast.unparse(node) for node in tree.body]
   except (SyntaxError, ValueError, RecursionError, MemoryError):
     return ()
-  counted = [i for i, s in enumerate(statements) if code_harness.is_counted(s)]
-  if not counted:
+  asserts = [i for i, s in enumerate(statements) if code_harness.has_assert(s)]
+  if not asserts:
     return ()
-  keep = counted[MAX_GENERATED_TESTS - 1] if len(counted) > MAX_GENERATED_TESTS else counted[-1]
+  keep = asserts[MAX_GENERATED_TESTS - 1] if len(asserts) > MAX_GENERATED_TESTS else asserts[-1]
   return tuple(statements[:keep + 1])
 
 

@@ -24,18 +24,22 @@ Two styles:
             test's expected value. An exception the candidate raises is re-raised in the judge as
             the builtin of that name, except StopIteration (it would end a `map` inside a test
             early, e.g. `all(map(candidate, xs))`), which becomes a RuntimeError. Statements with
-            an `assert` are the counted tests; others just run. A candidate returning anything
-            else (a generator, its own class) fails that test.
+            an `assert` that read the candidate (`is_counted`) are the counted tests; others
+            just run (`assert True` among them). A candidate returning anything else (a
+            generator, its own class) fails that test.
   stdio     per case the worker runs the candidate as `__main__` with the case's input as stdin
             and returns what it printed; the judge compares outputs token by token: equal text,
-            or two finite numbers within 1e-6 (`nan` and `inf` equal no number).
+            an integer with the same value as an expected integer (exactly, at any size), or,
+            where the expected token is a real (a decimal point or an exponent), a real within
+            1e-6 of it (absolute, or relative above 1; `nan` and `inf` equal no number).
 
 Whatever the candidate does in the worker (print "pass" lines, monkeypatch builtins, `sys.exit`,
 `os._exit(0)`, kill itself) changes at most the values it returns or ends the worker: a dead or
 silent worker fails the current case and is restarted for the next. Each case has its own time
 limit (the judge's `setitimer`, the worker is killed); after `max_timeouts` timed-out cases the rest
 are skipped (failed). Test statements run in the judge: they come from the dataset, or from the
-tester agent whose own reward they decide (it could as well write `assert True`).
+tester agent whose own reward they decide (an `assert True` of its own is not counted, but an
+assert that cannot fail while calling the candidate is).
 
 (Over 400 lines because the judge and worker programs live here as source strings, next to the
 job format and result parsing they must agree with.)
@@ -160,25 +164,37 @@ for _line in _inbox:
   _outbox.write(json.dumps(_reply) + "\n")
   _outbox.flush()
 '''
-# The judge's output comparison (stdio style), separate so that it is tested as written.
+# The judge's output comparison (stdio style), separate so that it is tested as written. A
+# token is an integer (ASCII digits, optional sign), a real (a decimal point or an exponent) or
+# text. Integers compare exactly, by their digits (no float rounding, no size limit: a wrong
+# answer of 10^9 digits is wrong, and int() would refuse over 4300 digits); only an expected real
+# admits the 1e-6 tolerance, as CodeContests-style checkers state it for real-valued answers.
 _JUDGE_COMPARE = r'''
-import math
+import math, re
+_INT = re.compile(r"[+-]?[0-9]+")
+_REAL = re.compile(r"[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def _integer(token):
+  # (negative, digits without leading zeros): equal exactly when the integers are.
+  digits = token.lstrip("+-").lstrip("0") or "0"
+  return (token[0] == "-" and digits != "0", digits)
+
+
+def _same_token(got, want):
+  if got == want:
+    return True
+  if _INT.fullmatch(want):
+    return _INT.fullmatch(got) is not None and _integer(got) == _integer(want)
+  if not (_REAL.fullmatch(want) and _REAL.fullmatch(got)):
+    return False
+  g, w = float(got), float(want)
+  return math.isfinite(g) and math.isfinite(w) and abs(g - w) <= 1e-6 * max(1.0, abs(w))
 
 
 def _same(got, want):
   a, b = got.split(), want.split()
-  if len(a) != len(b):
-    return False
-  for x, y in zip(a, b):
-    if x == y:
-      continue
-    try:
-      fx, fy = float(x), float(y)
-    except ValueError:
-      return False
-    if not (math.isfinite(fx) and math.isfinite(fy)) or abs(fx - fy) > 1e-6 * max(1.0, abs(fy)):
-      return False
-  return True
+  return len(a) == len(b) and all(_same_token(x, y) for x, y in zip(a, b))
 '''
 _JUDGE = _CODEC + _JUDGE_COMPARE + r'''
 import builtins, ctypes, importlib, json, os, select, signal, subprocess, sys, time
@@ -467,14 +483,20 @@ class TestReport:
     return self.total > 0 and self.passed == self.total
 
 
-def is_counted(statement: str) -> bool:
-  """A function-style test statement counts as a test when it contains an `assert` (or does not
-  parse: then it errors and counts as failed)."""
+_PARSE_ERRORS = (SyntaxError, ValueError, RecursionError, MemoryError)  # deep nesting, floods
+
+
+def _tree(source: str) -> ast.Module | None:
   try:
-    tree = ast.parse(statement)
-  except (SyntaxError, ValueError, RecursionError, MemoryError):
-    return True
-  return any(isinstance(node, ast.Assert) for node in ast.walk(tree))
+    return ast.parse(source)
+  except _PARSE_ERRORS:
+    return None  # it errors in the judge too
+
+
+def has_assert(statement: str) -> bool:
+  """Whether a statement holds an `assert` (or does not parse: then it errors, a failed test)."""
+  tree = _tree(statement)
+  return tree is None or any(isinstance(node, ast.Assert) for node in ast.walk(tree))
 
 
 def exposed_names(job: TestJob) -> list[str]:
@@ -485,14 +507,53 @@ def exposed_names(job: TestJob) -> list[str]:
     return []
   if job.entry_point:
     return [job.entry_point]
-  names: set[str] = set()
-  for source in (job.setup, *job.tests):
-    try:
-      tree = ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-      continue  # a test that does not parse errors in the judge too
-    names.update(node.id for node in ast.walk(tree) if isinstance(node, ast.Name))
+  trees = [t for t in map(_tree, (job.setup, *job.tests)) if t is not None]
+  names = {node.id for tree in trees for node in ast.walk(tree) if isinstance(node, ast.Name)}
   return sorted(n for n in names if not hasattr(builtins, n))
+
+
+def _bound(tree: ast.Module) -> set[str]:
+  """Names a piece of trusted or test code binds itself (assigned, defined, imported)."""
+  names = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+      names.add(node.id)
+    elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      names.add(node.name)
+    elif isinstance(node, (ast.Import, ast.ImportFrom)):
+      names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+  return names
+
+
+def candidate_names(job: TestJob) -> frozenset[str]:
+  """The names through which a test statement reaches the candidate: the exposed names that the
+  setup and tests do not bind themselves (an MBPP test's own `x = [1, 2]` is not the candidate's;
+  a test that rebinds the entry point tests its own function), plus the setup's top-level aliases
+  of them (HumanEval's `candidate = entry_point`); none for stdio tests."""
+  if job.style != "function":
+    return frozenset()
+  setup = _tree(job.setup)
+  trees = [t for t in (setup, *map(_tree, job.tests)) if t is not None]
+  names = set(exposed_names(job)) - set().union(*map(_bound, trees))
+  for node in setup.body if setup is not None else ():
+    if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in names:
+      names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+  return frozenset(names)
+
+
+def is_counted(statement: str, candidates: frozenset[str]) -> bool:
+  """A function-style statement counts as a test when it holds an `assert` and reads one of the
+  `candidate_names`, i.e. it exercises the candidate; a statement that does not parse counts
+  (it errors: a failed test). HumanEval's `assert True, "..."` lines (48 of them, on 36
+  problems) run but are not counted: they pass for any program that loads, which made every
+  such problem's pass ratio non-zero and MAGRPO's "a test passed" gate always open. CoMLRL
+  counts the `assert` lines of `check` that mention `candidate` (docs/fidelity.md)."""
+  tree = _tree(statement)
+  if tree is None:
+    return True
+  nodes = list(ast.walk(tree))
+  return (any(isinstance(n, ast.Assert) for n in nodes)
+          and any(isinstance(n, ast.Name) and n.id in candidates for n in nodes))
 
 
 def run_tests(jobs: Sequence[TestJob], limits: ExecLimits = ExecLimits(),
@@ -501,7 +562,8 @@ def run_tests(jobs: Sequence[TestJob], limits: ExecLimits = ExecLimits(),
   payloads, counted, timeouts = [], [], []
   for job in jobs:
     cases = list(job.tests)
-    flags = ([is_counted(c) for c in cases] if job.style == "function" else [True] * len(cases))
+    names = candidate_names(job)
+    flags = [is_counted(c, names) if job.style == "function" else True for c in cases]
     counted.append(flags)
     payloads.append(json.dumps({
         "worker": _WORKER, "style": job.style, "code": job.code, "setup": job.setup,

@@ -7,7 +7,9 @@ max 4.0, computed level by level:
       +0.6  the entry point defined with a value-returning `return` (required, else stop)
   L2  +0.5  prompt imports + aux + main, concatenated, parse as Python (else stop)
   L3  +1.0 x pass ratio of the problem's tests (each assert with its own time limit, sandboxed)
-      bonus block, only when at least one test passed, aux is defined and main calls aux:
+      bonus block, only when at least one test passed (a counted test: an assert that calls the
+      candidate, `harness.is_counted`; never HumanEval's `assert True`), aux is defined and main
+      calls aux:
       +0.5  main calls aux
       +1.0  main is not a thin wrapper of aux
       -0.5  main ignores the value of some aux call

@@ -5,7 +5,9 @@
   'math_verify'  Hugging Face's math-verify (PyPI `math-verify`), as AT-GRPO's code grades:
                  PettingLLMs' math agents call `verify(parse(...), parse(...))` on the reasoner's
                  reply, the tool program's output and each other's answers. It runs in a worker
-                 process (`verify_worker.py`) under hard bounds, below.
+                 process (`verify_worker.py`) under hard bounds, below, behind a hedge filter
+                 (`hedges.one_answer`): math-verify grants `200\\%` both 200 and 2, and reads
+                 `1 \\quad 2` as 3; each answer reaches it in one reading, or is refused.
 
 Which paper grades how (read from the public code, docs/experiments/ecosystem.md): AT-GRPO
 (PettingLLMs) with math-verify, so `configs/atgrpo_math.py` sets `env.kwargs.grader='math_verify'`
@@ -46,7 +48,7 @@ import sys
 import threading
 import time
 
-from marl_jax.envs.math import answers
+from marl_jax.envs.math import answers, hedges
 
 GRADERS = ("builtin", "math_verify")
 CPU_BUDGET_S = 5.0  # math-verify's own default limit per parse / comparison
@@ -124,11 +126,15 @@ class MathVerifyGrader:
     atexit.register(self.close)
 
   def equivalent(self, pred: str | None, gold: str) -> bool:
-    """Whether `pred` equals `gold` (math-verify's `verify(gold, pred)`); False for no answer,
-    an answer over `answers.MAX_ANSWER_CHARS`, or a request cut off by a bound."""
+    """Whether `pred` equals `gold` (math-verify's `verify(gold, pred)`, each in the one
+    reading `hedges.one_answer` gives); False for no answer, an answer over
+    `answers.MAX_ANSWER_CHARS`, one the hedge filter refuses, or a request cut off by a bound."""
     if not isinstance(pred, str) or not pred.strip() or not isinstance(gold, str):
       return False
     if len(pred) > answers.MAX_ANSWER_CHARS:
+      return False
+    pred, gold = hedges.one_answer(pred), hedges.one_answer(gold)
+    if pred is None or gold is None:
       return False
     key = (gold, pred)
     with self._lock:

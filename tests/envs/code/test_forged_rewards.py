@@ -97,10 +97,115 @@ def test_tester_expecting_nan_is_not_paid_for_a_wrong_program():
   assert result.rewards == {"tester": 0.0}
 
 
-def test_same_compares_exact_text_or_finite_numbers():
+def _judge_same():
   judge = {}
   exec(code_harness._JUDGE_COMPARE, judge)
-  same = judge["_same"]
+  return judge["_same"]
+
+
+def test_same_compares_exact_text_or_finite_numbers():
+  same = _judge_same()
   assert same("3\n", "3") and same("0.1000000001", "0.1") and same("Infinity", "Infinity")
   assert not same("nan", "5") and not same("inf", "1e999") and not same("nan", "NaN")
   assert not same("0.2", "0.1") and not same("1 2", "1")
+
+
+def test_same_compares_integers_exactly_at_any_size():
+  same = _judge_same()
+  big = 2**53 + 1  # a float cannot hold it: float(big) == float(big - 1)
+  assert float(big) == float(big - 1)
+  assert not same(str(big - 1), str(big)) and same(str(big), str(big))
+  assert not same("1000006781", "1000006281")  # the answer + 500: 5e-7 relative
+  assert same("007", "7") and same("+7", "7") and same("-0", "0") and not same("-7", "7")
+  assert not same("5.0", "5") and not same("5e0", "5")  # an integer is expected: an integer
+  assert same("5", "5.0") and same("2.0000001", "2.0")  # a real is expected: within 1e-6
+  assert not same("2.00001", "2.0")
+  digits = "9" * 5000  # past int()'s 4300-digit limit: compared by its digits
+  assert same(digits, digits) and not same(digits[:-1] + "8", digits)
+
+
+_TRIANGLE = CodeProblem.from_dict({
+    "question": "Read n and print n * (n + 1) // 2.", "style": "stdio",
+    "tests": [{"input": "44721", "output": "1000006281"},  # 44721 * 44722 / 2
+              {"input": "100000", "output": "5000050000"},
+              {"input": "2000000", "output": "2000001000000"}]})
+
+
+@pytest.mark.parametrize("program, passed", [
+    ("n = int(input())\nprint(n * (n + 1) // 2)", 3),
+    ("n = int(input())\nprint(n * (n + 1) // 2 + 500)", 0),  # scored 3/3 with a float tolerance
+    ("n = int(input())\nprint(n * (n - 1) // 2)", 0),  # passed the 2,000,000 case
+    ("n = int(input())\nprint(float(n * (n + 1) // 2))", 0),  # 2000001000000.0: not an integer
+], ids=["right", "plus_500", "off_by_one", "as_float"])
+def test_large_integer_answers_are_judged_exactly(program, passed):
+  for case in _TRIANGLE.tests:  # the expected outputs are what they claim
+    n = int(case["input"])
+    assert int(case["output"]) == n * (n + 1) // 2
+  assert code_harness.run_tests([_TRIANGLE.job(program)], FAST)[0].passed == passed
+
+
+def test_answers_modulo_a_prime_and_beyond_float_precision_are_exact():
+  modulus = 10**9 + 7
+  cases = [(n, pow(2, n, modulus)) for n in (10**5, 10**9, 10**18)]
+  problem = CodeProblem.from_dict({
+      "question": "Print 2^n mod 1e9+7; then print 3^n.", "style": "stdio",
+      "tests": [{"input": str(n), "output": f"{r}\n{3**60}"} for n, r in cases]})
+  right = "n = int(input())\nprint(pow(2, n, 10**9 + 7))\nprint(3**60)"
+  off = "n = int(input())\nprint(pow(2, n, 10**9 + 7) + 1)\nprint(3**60)"
+  near = "n = int(input())\nprint(pow(2, n, 10**9 + 7))\nprint(3**60 + 1)"  # 3^60 > 2^53
+  reports = code_harness.run_tests([problem.job(p) for p in (right, off, near)], FAST)
+  assert [r.passed for r in reports] == [3, 0, 0]
+
+
+def test_humaneval_asserts_that_cannot_fail_are_not_tests():
+  """HumanEval's `assert True, "..."` lines: on 36 problems (48 lines) every program that loads
+  passed them. The counted tests are every statement with an assert except those (read off the
+  text here), so every problem keeps its real tests."""
+  problems = [CodeProblem.from_dict(p) for p in code_data.humaneval()]
+  vacuous = {p.id: [s for s in p.tests if s.startswith("assert True")] for p in problems}
+  vacuous = {k: v for k, v in vacuous.items() if v}
+  assert len(vacuous) == 36 and sum(map(len, vacuous.values())) == 48
+  for p in problems:
+    names = code_harness.candidate_names(p.job(""))
+    assert names == {p.entry_point, "candidate"}
+    counted = [code_harness.is_counted(s, names) for s in p.tests]
+    assert counted == [("assert" in s and not s.startswith("assert True")) for s in p.tests]
+    assert any(counted)
+
+
+_VOWELS = CodeProblem.from_dict(code_data.humaneval()[64])  # 7 tests and one `assert True`
+
+
+@pytest.mark.parametrize("main, total", [
+    ("def vowels_count(s):\n    return aux(s) - 100\n", 0.4 + 0.6 + 0.5),  # was 3.125
+    ("def vowels_count(s):\n    return -100\n", 0.4 + 0.6 + 0.5),  # was 1.625
+    ("def vowels_count(s):\n    n = aux(s)\n    return n + (s[-1] in 'yY')\n",
+     0.4 + 0.6 + 0.5 + 1.0 + 0.5 + 1.0),
+], ids=["garbage_calling_aux", "garbage", "right"])
+def test_magrpo_gate_opens_only_on_a_real_test(main, total):
+  aux = "```python\ndef aux(s):\n    return sum(c in 'aeiouAEIOU' for c in s)\n```"
+  reward = code_magrpo.aux_main_reward(aux, f"```python\n{main}```", _VOWELS, FAST)
+  assert reward.total == pytest.approx(total)
+
+
+def test_a_tests_own_names_are_not_the_candidate():
+  """MBPP-like (no entry point): `x` is the test's, `f` the candidate's; only the assert that
+  calls `f` is a test, so a wrong `f` passes nothing."""
+  problem = CodeProblem.from_dict({"question": "sum a list", "style": "function",
+                                   "tests": ["x = [1, 2]", "assert x == [1, 2]",
+                                             "assert f(x) == 3", "assert True"]})
+  assert code_harness.candidate_names(problem.job("")) == {"f"}
+  assert code_harness.run_tests([problem.job("def f(xs):\n    return 0\n")], FAST)[0].statuses \
+      == ("fail",)
+  assert _ratio(problem, "def f(xs):\n    return sum(xs)\n") == 1.0
+
+
+def test_a_testers_asserts_that_cannot_fail_are_not_paid():
+  problem = CodeProblem.from_dict({"question": "add", "style": "function", "entry_point": "add",
+                                   "prompt": "def add(a, b):\n    pass\n",
+                                   "tests": ["assert add(1, 2) == 3"]})
+  env = CodeEnv(problem, workflow="atgrpo", limits=FAST)
+  env.step("coder", "```python\ndef add(a, b):\n    return 0\n```")
+  vacuous = env.step("tester", "```python\nassert True\nassert 1 == 1\nadd = max\n"
+                               "assert add(1, 2) == 2\n```")
+  assert vacuous.rewards == {"tester": 0.0} and not env.agreed

@@ -1,6 +1,7 @@
-"""Math graders: the math-verify worker gives math-verify's own verdicts, its bounds hold (CPU
-budget, wall backstop, a dying worker, the address-space cap), it works off the main thread, and
-the envs, configs and evaluation use the grader they name."""
+"""Math graders: the math-verify worker gives math-verify's own verdicts, behind a hedge filter
+that gives it one reading of each answer or refuses it; its bounds hold (CPU budget, wall
+backstop, a dying worker, the address-space cap), it works off the main thread, and the envs,
+configs and evaluation use the grader they name."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 from math_verify import parse, verify
 
 from configs import atgrpo_games, atgrpo_math, drmas_math
-from marl_jax.envs.math import grading
+from marl_jax.envs.math import answers as math_answers
+from marl_jax.envs.math import grading, hedges
 from marl_jax.training import evaluation, setup
 from marl_jax.workflows import registry
 
@@ -42,6 +44,39 @@ def test_worker_verdicts_are_math_verifys(grader):
   assert verdicts == [_direct(p, g) for p, g in PAIRS]
   assert any(verdicts) and not all(verdicts)  # the list exercises both answers
   assert grader.timeouts == grader.crashes == 0
+
+
+# (answer, gold, verdict): the issue's hedges. math-verify alone grants each hedge both values;
+# the verdict is the one reading the project's checker takes (asserted against it below).
+HEDGES = [("200\\%", "2", False), ("200\\%", "200", True), ("2\\%", "2", True),
+          ("2\\%", "0.02", False), ("1 \\quad 2", "3", False), ("1 \\quad 2", "1", False),
+          ("3 \\qquad 4", "7", False), ("1\\ 2", "3", False), ("5\\mathrm{e}", "5", False),
+          ("5\\mathrm{e}", "5e", True), ("10\\,000", "0", False), ("10\\,000", "10000", True)]
+
+
+def test_math_verify_alone_grants_the_hedges_two_readings():
+  """Why the filter: math-verify 0.9.0, called directly, accepts each hedge for two values."""
+  assert _direct("200\\%", "2") and _direct("200\\%", "200")
+  assert _direct("2\\%", "2") and _direct("2\\%", "0.02")
+  assert _direct("1 \\quad 2", "3") and _direct("5\\mathrm{e}", "5")
+  assert _direct("10\\,000", "0")
+
+
+@pytest.mark.parametrize("pred, gold, verdict", HEDGES)
+def test_hedges_reach_math_verify_in_one_reading_or_not_at_all(grader, pred, gold, verdict):
+  assert math_answers.is_equiv(pred, gold) is verdict  # the project's checker agrees
+  assert grader.equivalent(pred, gold) is verdict
+  assert grader.equivalent(gold, pred) is verdict  # the gold role holds agents' answers too
+
+
+def test_one_answer_rewrites_or_refuses():
+  assert hedges.one_answer("200\\%") == "200" and hedges.one_answer("12.5%") == "12.5"
+  assert hedges.one_answer("5\\mathrm{e}") == "5e" and hedges.one_answer("2\\text{ i }") == "2i"
+  assert hedges.one_answer("1\\,234\\,567") == "1234567"
+  for two in ("1 \\quad 2", "1\\ 2", "1~2", "1 2", "1.5 \\hspace{1em} .5", "1\\,2"):
+    assert hedges.one_answer(two) is None, two
+  for one in ("2 \\frac{1}{2}", "(1, 2)", "x = 2", "5\\,\\text{cm}", "\\frac{1}{2}", "2e^{3}"):
+    assert hedges.one_answer(one) == one
 
 
 def test_no_answer_grades_false_without_a_request(grader):
