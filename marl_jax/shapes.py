@@ -10,6 +10,16 @@ def bucket(n: int, minimum: int) -> int:
   return max(minimum, 1 << max(n - 1, 0).bit_length())
 
 
+def fine_bucket(n: int, minimum: int) -> int:
+  """Smallest of 2^k and 3 * 2^(k - 1) >= n (1, 2, 3, 4, 6, 8, 12, 16, 24, ...), and at least
+  `minimum`: at most a third of padding for two shapes per doubling. The continuous engine's rows
+  and block-table widths, where a step's work grows with both (decode attention on CPU reads
+  every slot of the table)."""
+  n = max(n, minimum, 1)
+  power = bucket(n, 1)
+  return power * 3 // 4 if power >= 4 and power * 3 // 4 >= n else power
+
+
 def round_up(n: int, multiple: int) -> int:
   """Smallest multiple of `multiple` >= max(n, 1)."""
   return -(-max(n, 1) // multiple) * multiple

@@ -1,9 +1,9 @@
 """Runs the toy training in its own process (the trainer tests kill it with SIGKILL).
 
-    python tests/resume_worker.py MODEL_DIR WORKDIR STEPS [WORKDIR ...]
+    python tests/resume_worker.py [--engine=NAME] MODEL_DIR WORKDIR STEPS [WORKDIR ...]
 
 Further workdirs get the same run again, one after another in this process (its imports and
-compiled programs already loaded)."""
+compiled programs already loaded); --engine sets `rollout.engine`."""
 
 import os
 import sys
@@ -15,7 +15,12 @@ import toy_task  # noqa: E402
 from marl_jax.training import trainer  # noqa: E402
 
 if __name__ == "__main__":
-  model_dir, workdir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+  args = sys.argv[1:]
+  engine = args.pop(0).removeprefix("--engine=") if args[0].startswith("--engine=") else None
+  model_dir, workdir, steps = args[0], args[1], int(args[2])
   toy_task.register()
-  for path in (workdir, *sys.argv[4:]):
-    trainer.train(toy_task.toy_config(model_dir, steps), path)
+  for path in (workdir, *args[3:]):
+    c = toy_task.toy_config(model_dir, steps)
+    if engine:
+      c.rollout.engine = engine
+    trainer.train(c, path)

@@ -6,30 +6,32 @@ Each `step`:
      the longest cached prefix of the request's page-aligned blocks (`kv_pool`), share those
      pages, allocate the rest of its prompt; a request whose next block is being prefilled by
      another waits for it; when pages run out, admission stops (back-pressure) until some free;
-  2. prefill admitted prompts, `prefill_chunk` tokens per call (rows x a chunk width fitted to
-     the first waiting prompt: one 256-token chunk, or 4 of 64, or 16 of 16 tails of prompts
-     whose first blocks were cached), up to `prefill_tokens` tokens this step (a long prompt is
+  2. prefill admitted prompts, up to `prefill_chunk` tokens per call (rows x a chunk width
+     fitted to the first waiting prompt: one 256-token chunk, or up to 4 of 64, or up to 16 of
+     16 tails of prompts whose first blocks were cached), up to `prefill_tokens` tokens this step (a long prompt is
      spread over steps while the others keep decoding); a prompt's last chunk draws its first
      token;
   3. one decode call of up to `decode_steps` steps over every decoding request, packed into the
-     smallest power-of-two batch that holds them (finished rows never ride along for more than
-     one call); pages for the call's tokens are allocated before it, and if none are left the
-     latest-admitted request is preempted (its pages freed, its tokens kept, re-prefilled later:
-     its draws do not change, since a request's key and step fix them);
+     smallest batch of `shapes.fine_bucket` size that holds them (4, 6, 8, 12, 16, 24, ...:
+     finished rows never ride along for more than one call) with a block table as wide as the
+     rows' pages (the gather path reads every slot of it); pages for the call's tokens are
+     allocated before it, and if none are left the latest-admitted request is preempted (its
+     pages freed, its tokens kept, re-prefilled later: its draws do not change, since a
+     request's key and step fix them);
   4. finished requests (stop token, budget, or a stop string found in their text after the
      call) return their pages (cached when they hold a registered block) and are returned.
 
 K = decode_steps = 8 by default: the host sees finished rows and admits waiting ones every K
-steps. Measured on the 2-core CPU (`experiments.bench_engine --sweep_steps`), a decode step of
-SmolLM2-135M over 16-64 rows takes 50-300 ms and the host's work between calls about 1-3 ms, so
-K = 8 costs under 1 % in host time, while finished rows wait at most 7 steps for their slot to
-refill. On an H200 a step of Qwen3-1.7B over 64 rows is ~7 ms (DESIGN.md), so K = 8 keeps the
-host's ~2 ms per call under 4 % of the device time; larger K amortises more and refills later.
+steps. On the 2-core CPU (`experiments.bench_engine` heavy-tail workload, SmolLM2-135M) a decode
+step over 12-64 rows took 0.2-0.45 s and the host's work between calls about 5 ms, so at K = 8
+the host costs well under 1 %, while a finished row waits at most K - 1 steps for its slot to
+refill. On an H200 a step of Qwen3-1.7B over 64 rows is ~7.4 ms (docs/design.md, accelerator
+facts): K = 8 spreads the host's few milliseconds per call over ~60 ms of device work.
 
-Compiled programs: decode per (rows bucket, table-width bucket, stop-id bucket, draw modes);
-prefill per (chunk width, table-width bucket, draw modes), its rows fixed by the width. Rows
-and table widths are powers of two, chunk widths powers of 4 times 16, and the draw modes are
-those of every request in the engine, so a run sees a handful (`stats()["programs"]`).
+Compiled programs: decode per (rows bucket, table-width bucket, stop-id bucket, draw modes); prefill
+per (rows bucket, chunk width, table-width bucket, draw modes). Rows and table widths take two sizes
+per doubling, chunk widths are powers of 4 times 16, and the draw modes are those of every request
+in the engine, so a run sees tens at most (`stats()["programs"]`; the heavy-tail workload: 15).
 """
 
 from __future__ import annotations
@@ -52,10 +54,11 @@ from marl_jax.sampling import paged_attention, paged_runner, stops
 from marl_jax.sampling.engine import Completion, EngineOptions, EngineRequest, Tokenizer
 from marl_jax.sampling.kv_pool import KVPool, root
 from marl_jax.sampling.logits import knobs_of
-from marl_jax.shapes import bucket
+from marl_jax.shapes import bucket, fine_bucket
 
 MIN_CHUNK = 16  # smallest prefill chunk width; widths grow by 4x (16, 64, 256, ...)
-MIN_ROWS = 4  # smallest decode batch (fewer programs; a batch of 1 costs about as much on CPU)
+MIN_ROWS = 4  # smallest decode batch: fewer programs (on 2 CPU cores a 4-row step of SmolLM2-135M,
+# 0.13 s, is mostly the fixed cost of reading the weights)
 
 
 def _chunk_bucket(n: int) -> int:
@@ -276,22 +279,25 @@ class ContinuousEngine:
       spent += self._prefill_call(rows)
 
   def _prefill_call(self, waiting: list[_Seq]) -> int:
-    """One prefill call of `prefill_chunk` tokens: the chunk width fits the first waiting
-    prompt's remainder (a power-of-4 multiple of MIN_CHUNK), the rows are the first
-    prefill_chunk / width waiting prompts; returns the real tokens computed."""
+    """One prefill call of at most `prefill_chunk` tokens: the chunk width fits the first
+    waiting prompt's remainder (a power-of-4 multiple of MIN_CHUNK), the rows are the first
+    prefill_chunk / width waiting prompts, in a `fine_bucket` batch (a few prompts arriving
+    between decode calls, as episodes' turns do, are not padded to a full chunk); returns the
+    real tokens computed."""
     o, size = self.options, self.options.page_size
     C = min(_chunk_bucket(waiting[0].target - waiting[0].cached), o.prefill_chunk)
-    B = o.prefill_chunk // C
-    rows = waiting[:B]
+    rows = waiting[:o.prefill_chunk // C]
+    B = min(fine_bucket(len(rows), 1), o.prefill_chunk // C)
     chunks = [min(C, s.target - s.cached) for s in rows]
-    P = self._table_width(rows)
+    P = self._table_width([math.ceil((s.cached + n) / size) for s, n in zip(rows, chunks)])
     tokens = np.zeros((B, C), np.int32)
     starts, counts = np.zeros(B, np.int32), np.zeros(B, np.int32)
     tables = np.zeros((B, P), np.int32)
     for i, (s, n) in enumerate(zip(rows, chunks)):
       tokens[i, :n] = s.tokens[s.cached:s.cached + n]
       starts[i], counts[i] = s.cached, n
-      tables[i, :len(s.pages)] = s.pages
+      pages = s.pages[:P]  # those past the chunk are not read
+      tables[i, :len(pages)] = pages
     knobs, keys, ids, modes = self._row_inputs(rows, B)
     attend = paged_attention.choose(o.attention, decode=False, q_shape=(B, C),
                                     pool_shape=self._k.shape, pages=P, dtype=self._k.dtype)
@@ -318,8 +324,8 @@ class ContinuousEngine:
   def _decode_call(self) -> None:
     o, size = self.options, self.options.page_size
     rows = self._reserve([s for s in self._running if s.decoding], o.decode_steps)
-    B = min(bucket(len(rows), MIN_ROWS), bucket(o.slots, 1))
-    P = self._table_width(rows)
+    B = min(fine_bucket(len(rows), MIN_ROWS), fine_bucket(o.slots, 1))
+    P = self._table_width([len(s.pages) for s in rows])  # they cover this call's writes
     K = bucket(max(len(s.stop_ids) for s in rows), 4)
     tokens, lengths = np.zeros(B, np.int32), np.zeros(B, np.int32)
     produced, max_new = np.zeros(B, np.int32), np.zeros(B, np.int32)
@@ -388,15 +394,14 @@ class ContinuousEngine:
     self._stats["preemptions"] += 1
 
   # ------------------------------------------------------------------ rows in, rows out
-  def _table_width(self, rows: list[_Seq]) -> int:
-    """Block-table width P of a call: the pages the rows' longest request will ever need
-    (prompt + budget), as a power of two. Sized by the budget rather than the pages in use, a
-    request keeps one width for its whole life: a run sees one or two widths (programs), and
-    the Pallas kernel reads only the pages below each row's length whatever P is; the gather
-    path reads all P pages."""
-    size = self.options.page_size
-    return bucket(max(math.ceil((s.prompt_length + s.request.sampling.max_new_tokens - 1) / size)
-                      for s in rows), 1)
+  @staticmethod
+  def _table_width(pages: list[int]) -> int:
+    """Block-table width P of a call whose rows read `pages` pages each: the longest, bucketed
+    (`fine_bucket`). The gather path reads all P pages of every row at every step, so P follows
+    the rows' lengths as they grow (on a 2-core CPU a SmolLM2-135M decode step over 16 rows took
+    0.42 s with a 512-slot table); the Pallas kernel reads only the pages below each row's
+    length, whatever P is."""
+    return fine_bucket(max(pages), 1)
 
   def _row_inputs(self, rows: list[_Seq], B: int):
     """Knobs, keys and adapter ids of `rows`, padded to B (padding repeats row 0), and the

@@ -96,15 +96,15 @@ class EngineOptions:
 
   Attributes:
     slots: requests decoded at once (decode rows; each call packs the live ones into the
-      smallest power of two that holds them).
+      smallest `shapes.fine_bucket` size that holds them).
     page_size: tokens per K/V page.
     pool_tokens: K/V pool size in tokens (pages = pool_tokens / page_size, plus a scratch page).
     pool_gib: when > 0, the pool's size in GiB of K/V instead of `pool_tokens`.
     decode_steps: decode steps per device call (K): finished requests leave, and waiting ones
       enter, between calls.
-    prefill_chunk: prompt tokens one prefill call computes, as rows x width: a 16 * 4^k-token
-      chunk of each of prefill_chunk / (16 * 4^k) requests (longer prompts are prefilled in
-      chunks); a power of two >= 16.
+    prefill_chunk: prompt tokens one prefill call computes at most, as rows x width: a
+      16 * 4^k-token chunk of each of up to prefill_chunk / (16 * 4^k) requests (longer prompts
+      are prefilled in chunks); a power of two >= 16.
     prefill_tokens: prompt tokens prefilled per step (between two decode calls) while some
       request is decoding; with none decoding, prefill runs until every admitted prompt is in.
     prefix_cache: reuse cached pages of page-aligned prompt blocks seen before (same tokens from

@@ -4,8 +4,8 @@ over a paged K/V pool. Pure functions of (params, pool, the rows' host-built inp
 
 Every row carries its own PRNG key, knobs and stop ids, and samples generated token s with
 fold_in(key, s): the same draw `decode.generate_tokens` makes for that request, so tokens do not
-depend on the batch, the slot or the engine. Shapes are the engine's buckets: rows B (a power of
-two up to the slot count), block-table width P (a power of two), prefill chunk width C.
+depend on the batch, the slot or the engine. Shapes are the engine's buckets: rows B and
+block-table width P (`shapes.fine_bucket`), prefill chunk width C.
 """
 
 from __future__ import annotations

@@ -111,15 +111,17 @@ def base_config() -> ml_collections.ConfigDict:
   # extra rollouts of problems_per_step fresh problems per step until problems_per_step problems
   # have a group with non-zero reward variance (training/refill.py); 0 = no refill. Single-process
   # runs only. Unused by the other filters.
-  # engine: what samples the replies (marl_jax/sampling/engine.py): "continuous" (slots over a
-  # paged K/V pool, requests admitted as others finish, cached prompt pages reused, episodes
-  # advancing independently) or "static" (the reference: every pending request in one padded
-  # batch per wave). The same requests get the same tokens from either (each request draws with
-  # its own key). `config.engine` sizes the continuous engine (EngineOptions).
+  # engine: what samples the replies (marl_jax/sampling/engine.py): "static" (every pending
+  # request in one padded batch per wave) or "continuous" (slots over a paged K/V pool, requests
+  # admitted as others finish, cached prompt pages reused, episodes advancing independently). The
+  # same requests get the same tokens from either (each request draws with its own key). Static
+  # is the default: on 2 CPU cores it was 1.1-1.6x faster on the papers' multi-turn workloads,
+  # whose replies mostly run to the budget, and continuous 2x faster on heavy-tailed reply
+  # lengths (RESULTS.md, `experiments.bench_engine`). `config.engine` sizes the continuous one.
   c.rollout = ml_collections.ConfigDict(dict(mode="tree", k=8, problems_per_step=32,
                                              tool_timeout_s=5.0, tool_memory_mb=512,
                                              allow_unsandboxed=False, max_refills=4,
-                                             engine="continuous"))
+                                             engine="static"))
   c.engine = section(EngineOptions())
   # Rollout sampling. stop: stop strings, a reply ends at the first one (its text excludes it).
   # per_agent.<agent>.{temperature, top_p, max_new_tokens, stop}: one agent's own setting, None =

@@ -47,7 +47,7 @@ class LLMPolicy:
 
   def __init__(self, policy: PolicyConfig, tokenizers: Sequence[Any], sampling: SamplingParams,
                key: jax.Array, per_agent: Mapping[str, SamplingParams] | None = None, *,
-               engine: str = "continuous", options: EngineOptions = EngineOptions(),
+               engine: str = "static", options: EngineOptions = EngineOptions(),
                engines: dict | None = None):
     if len(tokenizers) != len(policy.models):
       raise ValueError(f"{len(tokenizers)} tokenizers for the {len(policy.models)} model "

@@ -42,12 +42,14 @@ def _env():
 
 
 def _worker(model_dir, workdir):
-  """A training process; the runs beside `workdir` share compiled programs through one cache
+  """A training process rolling out through the continuous engine (the static one's resumes are
+  the in-process tests'); the runs beside `workdir` share compiled programs through one cache
   (the resumed run loads the programs the others built, as a restarted job on a cluster would)."""
   env = dict(_env(), JAX_COMPILATION_CACHE_DIR=str(workdir.parent / "xla_cache"),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-  return subprocess.Popen([sys.executable, WORKER, model_dir, str(workdir), str(STEPS)],
+  return subprocess.Popen([sys.executable, WORKER, "--engine=continuous", model_dir,
+                           str(workdir), str(STEPS)],
                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
