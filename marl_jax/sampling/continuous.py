@@ -8,9 +8,9 @@ Each `step`:
      another waits for it; when pages run out, admission stops (back-pressure) until some free;
   2. prefill admitted prompts, up to `prefill_chunk` tokens per call (rows x a chunk width
      fitted to the first waiting prompt: one 256-token chunk, or up to 4 of 64, or up to 16 of
-     16 tails of prompts whose first blocks were cached), up to `prefill_tokens` tokens this step (a long prompt is
-     spread over steps while the others keep decoding); a prompt's last chunk draws its first
-     token;
+     16 tails of prompts whose first blocks were cached), up to `prefill_tokens` tokens this
+     step (a long prompt is spread over steps while the others keep decoding); a prompt's last
+     chunk draws its first token;
   3. one decode call of up to `decode_steps` steps over every decoding request, packed into the
      smallest batch of `shapes.fine_bucket` size that holds them (4, 6, 8, 12, 16, 24, ...:
      finished rows never ride along for more than one call) with a block table as wide as the
@@ -31,7 +31,7 @@ facts): K = 8 spreads the host's few milliseconds per call over ~60 ms of device
 Compiled programs: decode per (rows bucket, table-width bucket, stop-id bucket, draw modes); prefill
 per (rows bucket, chunk width, table-width bucket, draw modes). Rows and table widths take two sizes
 per doubling, chunk widths are powers of 4 times 16, and the draw modes are those of every request
-in the engine, so a run sees tens at most (`stats()["programs"]`; the heavy-tail workload: 15).
+in the engine, so a run sees tens at most (`stats()["programs"]`; the heavy-tail workload: 25).
 """
 
 from __future__ import annotations

@@ -17,17 +17,17 @@ R rows (`prompt_layout`); the core prefills each entry once and its R rows read 
 as one shared prefix at every decode step (`decode.py`). Outputs are the same as prefilling every
 row.
 
-Shapes and compiles. Prompt entries U round up to a power of two below `Buckets.row_multiple`
-and to a multiple of it above (`round_bucket`: a lone prompt is not prefilled 8 times), rows per
-entry R to a power of two, the prompt width to a multiple of `Buckets.prompt_block` (not a power
-of two: a 270-token prompt pads to 320, not 512), new-token slots to a multiple of
-`Buckets.new_token_multiple`, stop ids to a power of two. The sampler compiles at most one
-program per distinct (U bucket, R, width bucket, new-slot bucket, stop bucket,
-variant), the variant being greedy / sampling / truncated sampling (`SamplingParams.mode`). With at most n row buckets
-(n = log2(row_multiple) + ceil(rows / row_multiple)) and R <= the largest group, a run with
-prompts of at most P tokens and one `max_new_tokens` compiles at most
-n * (log2(largest group) + 1) * ceil(P / prompt_block) * 3 programs, times the stop-bucket count
-(one in practice); knobs and params never recompile.
+Shapes and compiles. Prompt entries U round up to a power of two below `Buckets.row_multiple` and to
+a multiple of it above (`round_bucket`: a lone prompt is not prefilled 8 times), rows per entry R to
+a power of two, the prompt width to a multiple of `Buckets.prompt_block` (not a power of two: a
+270-token prompt pads to 320, not 512), new-token slots to a multiple of
+`Buckets.new_token_multiple`, stop ids to a power of two. The sampler compiles at most one program
+per distinct (U bucket, R, width bucket, new-slot bucket, stop bucket, variant), the variant being
+greedy / sampling / truncated sampling (`SamplingParams.mode`). With at most n row buckets (n =
+log2(row_multiple) + ceil(rows / row_multiple)) and R <= the largest group, a run with prompts of at
+most P tokens and one `max_new_tokens` compiles at most n * (log2(largest group) + 1) * ceil(P /
+prompt_block) * 3 programs, times the stop-bucket count (one in practice); knobs and params never
+recompile.
 
 What a `Completion` holds:
   * `tokens` / `logprobs`: the generated tokens and, for each, log_softmax(logits / T) at the token,

@@ -22,7 +22,7 @@ from marl_jax.sampling.params import SamplingParams
 from marl_jax.sampling.decode import block_spans
 from marl_jax.sampling import sampler as sampler_lib
 from marl_jax.sampling.sampler import Buckets, Sampler, prompt_layout
-from marl_jax.shapes import bucket, round_bucket, round_up
+from marl_jax.shapes import bucket, fine_bucket, round_bucket, round_up
 
 CONFIG = get_preset("tiny-llama")
 TEACHER_WIDTH = 64  # longest prompt + completion the tests teacher-force
@@ -96,6 +96,14 @@ def test_round_up_to_block_multiples():
   assert [round_up(n, 64) for n in (0, 1, 64, 65, 270, 512)] == [64, 64, 64, 128, 320, 512]
   assert [round_up(n, 8) for n in (1, 8, 9, 17)] == [8, 8, 16, 24]
   assert [round_bucket(n, 8) for n in (1, 2, 3, 5, 8, 9, 17)] == [1, 2, 4, 8, 8, 16, 24]
+
+
+def test_fine_buckets_are_the_smallest_power_or_three_halves_power():
+  """The continuous engine's rows and table widths: the smallest of {2^k, 3 * 2^(k-1)} >= n."""
+  sizes = sorted({2**k for k in range(12)} | {3 * 2**k for k in range(11)})
+  for n in range(1, 1025):
+    assert fine_bucket(n, 1) == min(s for s in sizes if s >= n), n
+  assert [fine_bucket(n, 4) for n in (1, 4, 5, 7, 13, 17, 33)] == [4, 4, 6, 8, 16, 24, 48]
 
 
 def test_prompt_layout_fewest_rows_then_fewest_prefills():

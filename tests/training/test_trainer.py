@@ -186,8 +186,9 @@ def test_shared_prompts_train_like_unshared(model_dir, tmp_path, monkeypatch):
   train.logits_chunk=4 slices the 16-position LM head): one problem x K = 16 samples on 8
   devices, so the recompute pass and the update (2 rows per device) run one prompt row per
   device. They give the train metrics of an unshared, unsliced run to float32 rounding (as
-  tests/parallel/test_multihost compares runs whose programs differ), from the same rollout. One update: after an AdamW step, rounding-level gradient differences in
-  near-zero components move params by up to lr, so later updates are not comparable."""
+  tests/parallel/test_multihost compares runs whose programs differ), from the same rollout.
+  One update: after an AdamW step, rounding-level gradient differences in near-zero components
+  move params by up to lr, so later updates are not comparable."""
 
   def config(share):
     c = toy_task.toy_config(model_dir, steps=1)
