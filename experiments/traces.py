@@ -33,11 +33,11 @@ from marl_jax.traces import schema, stats, store
 def main(argv: Sequence[str] | None = None) -> int:
   args = _parser().parse_args(argv)
   try:
-    for name in ("files", "file"):  # a content store names its trace file (`store.trace_file`)
-      if hasattr(args, name):
-        given = getattr(args, name)
-        paths = [_trace_file(p) for p in (given if name == "files" else [given])]
-        setattr(args, name, paths if name == "files" else paths[0])
+    # a content store names its trace file (`store.trace_file`)
+    if hasattr(args, "files"):
+      args.files = [_trace_file(p) for p in args.files]
+    if hasattr(args, "file"):
+      args.file = _trace_file(args.file)
     return args.run(args)
   except ReportedError as e:  # trace files, traces and replay setup: one line
     print(e.report(), file=sys.stderr)

@@ -48,6 +48,11 @@ class Registry(Generic[T]):
   def names(self) -> tuple[str, ...]:
     return tuple(sorted(self._entries))
 
+  def having(self, attribute: str) -> list[str]:
+    """The names whose entry has `attribute` set (truthy): for error messages that list the
+    entries a setting applies to. Imports every lazy entry."""
+    return [name for name in self.names() if getattr(self.get(name), attribute)]
+
   def __contains__(self, name: object) -> bool:
     return name in self._entries
 

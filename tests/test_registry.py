@@ -1,5 +1,7 @@
 """The one registry mechanism: lookup, lazy "module:attribute" entries, one-line errors."""
 
+import types
+
 import pytest
 
 from marl_jax.registry import Registry
@@ -36,3 +38,11 @@ def test_second_entry_needs_replace():
   assert r.get("math") == 2
   with pytest.raises(ValueError, match="non-empty string"):
     r.register("", 3)
+
+
+def test_having_names_the_entries_with_an_attribute_set():
+  r = Registry("loss")
+  r.register("b", types.SimpleNamespace(ratio=True))
+  r.register("a", types.SimpleNamespace(ratio=True))
+  r.register("c", types.SimpleNamespace(ratio=False))
+  assert r.having("ratio") == ["a", "b"]

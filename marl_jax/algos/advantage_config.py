@@ -81,11 +81,6 @@ ESTIMATORS.register("gae_action", "marl_jax.algos.return_estimators:GAE_ACTION")
 ESTIMATORS.register("gae_token", "marl_jax.algos.return_estimators:GAE_TOKEN")
 
 
-def with_property(prop: str) -> list[str]:
-  """The registered estimators whose record has `prop` set (for error messages)."""
-  return [name for name in ESTIMATORS if getattr(ESTIMATORS.get(name), prop)]
-
-
 @dataclasses.dataclass(frozen=True)
 class AdvantageConfig:
   """Estimator choice and options. Fields left None take the estimator's paper default.
@@ -156,11 +151,11 @@ class AdvantageConfig:
       if self.group_by not in GROUPINGS:
         raise ValueError(f"unknown group_by {self.group_by!r}; expected one of {list(GROUPINGS)}")
       if not record.grouped:
-        raise ValueError(f"group_by applies to {with_property('grouped')}, not {name!r}")
+        raise ValueError(f"group_by applies to {ESTIMATORS.having('grouped')}, not {name!r}")
     if self.filter not in FILTERS:
       raise ValueError(f"unknown filter {self.filter!r}; expected one of {list(FILTERS)}")
     if self.filter != "none" and not record.grouped:
-      raise ValueError(f"filter {self.filter!r} applies to {with_property('grouped')}, not "
+      raise ValueError(f"filter {self.filter!r} applies to {ESTIMATORS.having('grouped')}, not "
                        f"{name!r}")
     if not 0.0 <= self.filter_fraction < 1.0:
       raise ValueError(f"filter_fraction must be in [0, 1), got {self.filter_fraction}")
@@ -179,12 +174,12 @@ class AdvantageConfig:
       raise ValueError(f"unknown baseline {self.baseline!r}; expected one of "
                        f"{list(MAGRPO_BASELINES)}")
     if self.baseline != "mean" and not record.siblings:
-      raise ValueError(f"baseline {self.baseline!r} applies to {with_property('siblings')}, "
+      raise ValueError(f"baseline {self.baseline!r} applies to {ESTIMATORS.having('siblings')}, "
                        f"not {name!r}")
     for field in ("gamma", "lam"):
       value = getattr(self, field)
       if value is not None and not getattr(record, field):
-        raise ValueError(f"{field} applies to {with_property(field)}, not {name!r}")
+        raise ValueError(f"{field} applies to {ESTIMATORS.having(field)}, not {name!r}")
       if value is not None and not 0.0 <= value <= 1.0:
         raise ValueError(f"{field} must be in [0, 1], got {value}")
     if self.clamp is not None and not self.clamp > 0.0:

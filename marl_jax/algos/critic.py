@@ -10,7 +10,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from marl_jax.algos.advantage_config import ESTIMATORS, with_property
+from marl_jax.algos.advantage_config import ESTIMATORS
 
 ValueHeadParams = dict[str, list[dict[str, jax.Array]]]
 
@@ -27,7 +27,7 @@ def check_critic(estimator: str, critic: Sequence[int] | None, *,
   if critic is not None and not needs:
     raise ValueError(f"{critic_field}={tuple(critic)!r} but {estimator_field}={estimator!r} uses "
                      f"no critic; set {critic_field}=None or an estimator in "
-                     f"{with_property('critic')}")
+                     f"{ESTIMATORS.having('critic')}")
   if critic is not None:
     check_sizes(critic, critic_field)
 

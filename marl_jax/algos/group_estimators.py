@@ -89,7 +89,7 @@ def _centred(r: jax.Array, cnt: jax.Array, mean: jax.Array, std: jax.Array,
 
 
 def _drmas_centred(r: jax.Array, cnt: jax.Array, mean: jax.Array, std: jax.Array,
-                            cfg: AdvantageConfig) -> jax.Array:
+                   cfg: AdvantageConfig) -> jax.Array:
   """`_centred`, except that a singleton group has no statistics: mean 0, std 1 (Dr. MAS)."""
   return _centred(r, cnt, jnp.where(cnt > 1, mean, 0.0), jnp.where(cnt > 1, std, 1.0), cfg)
 
@@ -176,7 +176,6 @@ def traj_grpo(batch: SampleBatch, cfg: AdvantageConfig, space: GroupSpace,
   adv = jnp.where(valid, take(a, traj), 0.0)
   metrics = dict(trajectories=jnp.sum(present).astype(jnp.float32))
   return finalize(adv, None, valid, valid, batch, cfg, axis_name, metrics)
-
 
 
 GRPO = Estimator(grpo, dict(group_by="problem", std_ddof=0, normalize_std=True), grouped=True,

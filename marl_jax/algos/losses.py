@@ -17,7 +17,6 @@ loss is its function, its record and one `register` line (docs/design.md).
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Callable
 
 import flax.struct
@@ -208,11 +207,6 @@ POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy_loss")
 POLICY_LOSSES.register("ppo", PolicyLoss(_ppo, ratio=True))
 POLICY_LOSSES.register("reinforce", PolicyLoss(_reinforce, on_policy=True))
 POLICY_LOSSES.register("nll", PolicyLoss(_nll))
-
-
-def with_property(prop: str) -> list[str]:
-  """The registered policy losses whose record has `prop` set (for error messages)."""
-  return [name for name in POLICY_LOSSES if getattr(POLICY_LOSSES.get(name), prop)]
 
 
 def policy_loss(logp: jax.Array, old_logp: jax.Array | None, advantages: jax.Array,

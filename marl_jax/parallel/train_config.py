@@ -120,7 +120,7 @@ def check_update_rules(train: TrainSettings, loss: losses.LossConfig) -> None:
                      f"{train.mini_batch_size}, expected 1 and None")
   if train.target_kl is not None and not loss.record.ratio:
     raise ValueError(f"train.target_kl={train.target_kl} uses the approximate KL of a ratio loss; "
-                     f"expected loss.policy_loss in {losses.with_property('ratio')}, got "
+                     f"expected loss.policy_loss in {losses.POLICY_LOSSES.having('ratio')}, got "
                      f"{loss.policy_loss!r}")
 
 

@@ -116,7 +116,7 @@ def base_config() -> ml_collections.ConfigDict:
   # admitted as others finish, cached prompt pages reused, episodes advancing independently). The
   # same requests get the same tokens from either (each request draws with its own key). Static
   # is the default: on 2 CPU cores it was 1.1-1.6x faster on the papers' multi-turn workloads,
-  # whose replies mostly run to the budget, and continuous 2x faster on heavy-tailed reply
+  # whose replies mostly run to the budget, and continuous 1.86x faster on heavy-tailed reply
   # lengths (RESULTS.md, `experiments.bench_engine`). `config.engine` sizes the continuous one.
   c.rollout = ml_collections.ConfigDict(dict(mode="tree", k=8, problems_per_step=32,
                                              tool_timeout_s=5.0, tool_memory_mb=512,
