@@ -38,8 +38,8 @@ import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 from absl import logging
 from etils import epath
@@ -67,6 +67,9 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 ITEMS = ("state", "host", "checksums")
+# How often a reader lists the steps when the writer's rotation deletes one mid-listing.
+_LISTING_TRIES = 5
+T = TypeVar("T")
 
 
 class CheckpointWriteError(ReportedError, RuntimeError):
@@ -183,8 +186,8 @@ class Checkpointer:
             # safe only because this process is the workdir's one writer (`workdir_lock`).
             cleanup_tmp_directories=True,
         ))
-    self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                          item_names=ITEMS)
+    self._manager = self._listing(lambda: ocp.CheckpointManager(
+        self.directory, options=options, item_names=ITEMS))
 
   @classmethod
   def from_config(cls, cfg: ml_collections.ConfigDict, workdir: str | os.PathLike[str], *,
@@ -202,7 +205,7 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     """The complete steps; a reader lists them afresh (a live writer adds and rotates steps)."""
     if self._read_only:
-      self._manager.reload()
+      self._listing(self._manager.reload)
     return sorted(self._manager.all_steps())
 
   def save(self, step: int, state: PyTree, host_state: Mapping[str, Any] | None = None, *,
@@ -381,6 +384,17 @@ class Checkpointer:
       multihost_utils.sync_global_devices(f"checkpoint_set_aside_{step}")
     self._manager.reload()
     return aside
+
+  def _listing(self, list_steps: Callable[[], T]) -> T:
+    """Runs an orbax call that lists the step directories and then reads each one's metadata.
+    A reader's listing races the live writer's rotation: a step listed and then deleted before
+    its metadata is read raises FileNotFoundError, and listing again no longer sees it."""
+    for _ in range(_LISTING_TRIES - 1 if self._read_only else 0):
+      try:
+        return list_steps()
+      except FileNotFoundError:
+        pass
+    return list_steps()
 
   def close(self) -> None:
     """Waits for pending saves and releases orbax's resources."""

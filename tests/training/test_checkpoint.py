@@ -407,3 +407,43 @@ def test_saved_steps_lists_complete_steps_without_a_manager(tmp_path):
     ckpt.save(step, {"w": jnp.zeros(2)}, {"s": step})
   (tmp_path / CHECKPOINT_DIR / "3.orbax-checkpoint-tmp-7").mkdir()
   assert saved_steps(tmp_path) == ckpt.all_steps() == [1, 2]
+
+
+@pytest.mark.parametrize("when", ["opening", "listing again"])
+def test_a_reader_lists_again_when_rotation_deletes_a_listed_step(tmp_path, monkeypatch, when):
+  """A reader beside a live trainer: the writer's rotation deletes step 2 after the reader listed
+  it, as orbax looks for its metadata file, so orbax falls back to the directory's time stamp of a
+  directory that is gone (seen in CI as FileNotFoundError from `export`). The reader lists again
+  and sees the steps that are left; with one try it fails."""
+  directory = tmp_path / "checkpoints"
+  writer = Checkpointer(directory, max_to_keep=5)
+  for step in (1, 2, 3):
+    writer.save(step, {"w": jnp.zeros(2)}, {"s": step})
+  rotated, kept = str(directory / "2"), str(tmp_path / "2")
+  shutil.copytree(rotated, kept)
+  real_stat = os.stat
+  rotations = []
+
+  def stat_after_rotation(path, *args, **kwargs):
+    if os.fspath(path) == os.path.join(rotated, "_CHECKPOINT_METADATA") and not rotations:
+      rotations.append(rotated)
+      shutil.rmtree(rotated)
+    return real_stat(path, *args, **kwargs)
+
+  def race(read, tries):
+    shutil.copytree(kept, rotated, dirs_exist_ok=True)
+    rotations.clear()
+    monkeypatch.setattr(checkpoint, "_LISTING_TRIES", tries)
+    monkeypatch.setattr(os, "stat", stat_after_rotation)
+    try:
+      return read()
+    finally:
+      monkeypatch.setattr(os, "stat", real_stat)
+
+  read = ((lambda: Checkpointer(directory, read_only=True).all_steps()) if when == "opening"
+          else Checkpointer(directory, read_only=True).all_steps)
+  with pytest.raises(FileNotFoundError, match=rotated):
+    race(read, tries=1)
+  assert race(read, tries=5) == [1, 3]
+  assert rotations == [rotated]
+  assert Checkpointer(directory, read_only=True).restore(3).host_state == {"s": 3}
