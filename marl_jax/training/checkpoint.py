@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -69,7 +70,7 @@ def default_config() -> ml_collections.ConfigDict:
 ITEMS = ("state", "host", "checksums")
 # How often a reader lists the steps when the writer's rotation deletes one mid-listing.
 _LISTING_TRIES = 5
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 class CheckpointWriteError(ReportedError, RuntimeError):
@@ -186,8 +187,9 @@ class Checkpointer:
             # safe only because this process is the workdir's one writer (`workdir_lock`).
             cleanup_tmp_directories=True,
         ))
-    self._manager = self._listing(lambda: ocp.CheckpointManager(
-        self.directory, options=options, item_names=ITEMS))
+    open_manager = functools.partial(ocp.CheckpointManager, self.directory, options=options,
+                                     item_names=ITEMS)
+    self._manager = _list_beside_writer(open_manager) if read_only else open_manager()
 
   @classmethod
   def from_config(cls, cfg: ml_collections.ConfigDict, workdir: str | os.PathLike[str], *,
@@ -205,7 +207,7 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     """The complete steps; a reader lists them afresh (a live writer adds and rotates steps)."""
     if self._read_only:
-      self._listing(self._manager.reload)
+      _list_beside_writer(self._manager.reload)
     return sorted(self._manager.all_steps())
 
   def save(self, step: int, state: PyTree, host_state: Mapping[str, Any] | None = None, *,
@@ -385,17 +387,6 @@ class Checkpointer:
     self._manager.reload()
     return aside
 
-  def _listing(self, list_steps: Callable[[], T]) -> T:
-    """Runs an orbax call that lists the step directories and then reads each one's metadata.
-    A reader's listing races the live writer's rotation: a step listed and then deleted before
-    its metadata is read raises FileNotFoundError, and listing again no longer sees it."""
-    for _ in range(_LISTING_TRIES - 1 if self._read_only else 0):
-      try:
-        return list_steps()
-      except FileNotFoundError:
-        pass
-    return list_steps()
-
   def close(self) -> None:
     """Waits for pending saves and releases orbax's resources."""
     self.wait_until_finished()
@@ -406,6 +397,18 @@ class Checkpointer:
 
   def __exit__(self, *exc_info) -> None:
     self.close()
+
+
+def _list_beside_writer(list_steps: Callable[[], _T]) -> _T:
+  """Runs a reader's orbax call that lists the step directories and then reads each one's
+  metadata. It races the live writer's rotation: a step listed and then deleted before its
+  metadata is read raises FileNotFoundError, and listing again no longer sees it."""
+  for _ in range(_LISTING_TRIES - 1):
+    try:
+      return list_steps()
+    except FileNotFoundError:
+      pass
+  return list_steps()
 
 
 def _check_json(host_state: dict[str, Any]) -> dict[str, Any]:
