@@ -36,6 +36,10 @@ import jax  # noqa: E402  (after the flags above)
 import pytest  # noqa: E402
 from jax.experimental.compilation_cache import compilation_cache  # noqa: E402
 
+import host  # noqa: E402
+
+host.save_shards_whole()
+
 
 @pytest.fixture(scope="session")
 def _compile_cache_dir(tmp_path_factory) -> str:
@@ -61,3 +65,33 @@ def shared_compiles(_compile_cache_dir):
   for n, value in saved.items():
     jax.config.update(n, value)
   compilation_cache.reset_cache()
+
+
+@pytest.fixture(scope="session")
+def transformers_smollm2(tmp_path_factory) -> str:
+  """An HF directory of the embedded SmolLM2 GGUF as transformers' own GGUF loader reads it
+  (model dequantised to fp32, tokenizer), the reference that is independent of marl_jax's
+  loader. That load takes ~40 s (its GGUF reader builds the 49k-token vocabulary in Python), a
+  from_pretrained of this directory ~1 s: it is made once per session, shared by the xdist
+  workers under a file lock."""
+  import filelock
+  import torch
+  import transformers
+  from marl_jax.models.loading import embedded_gguf_path
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):  # workers' base temps sit in one session directory
+    root = root.parent
+  out = root / "transformers_smollm2"
+  with filelock.FileLock(str(out) + ".lock"):
+    if not (out / "done").exists():
+      directory, file = embedded_gguf_path().rsplit("/", 1)
+      model = transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=file,
+                                                                dtype=torch.float32)
+      # The weights are plain fp32 tensors now; transformers refuses to save a model that
+      # still names its GGUF quantizer.
+      del model.config.quantization_config
+      model.hf_quantizer = None
+      model.save_pretrained(out)
+      transformers.AutoTokenizer.from_pretrained(directory, gguf_file=file).save_pretrained(out)
+      (out / "done").touch()
+  return str(out)

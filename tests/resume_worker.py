@@ -11,6 +11,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import host  # noqa: E402
 import toy_task  # noqa: E402
 from marl_jax.training import trainer  # noqa: E402
 
@@ -19,6 +20,7 @@ if __name__ == "__main__":
   engine = args.pop(0).removeprefix("--engine=") if args[0].startswith("--engine=") else None
   model_dir, workdir, steps = args[0], args[1], int(args[2])
   toy_task.register()
+  host.save_shards_whole()  # as in the suite's own process (conftest.py)
   for path in (workdir, *args[3:]):
     c = toy_task.toy_config(model_dir, steps)
     if engine:

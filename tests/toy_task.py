@@ -128,6 +128,7 @@ def toy_config(model_dir: str, steps: int):
   c.eval.every, c.eval.num_problems, c.eval.at_start = 2, 2, False
   c.checkpoint.every_steps = 1
   c.logging.wandb_mode, c.logging.console, c.logging.progress = "disabled", False, False
+  c.logging.learning_curve = False  # ~2 s a run; test_trainer's end-to-end test draws it
   return c
 
 

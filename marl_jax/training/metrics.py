@@ -51,6 +51,9 @@ def default_config() -> ml_collections.ConfigDict:
       # `<workdir>/samples/step{N}.md`. Multi-host: process 0's episodes.
       "samples_every": 10,
       "samples_episodes": 4,
+      # `<workdir>/learning_curve.png` at the end of the run (`training/plots.py`); off for
+      # sweeps that read metrics.jsonl instead: drawing it costs ~2 s of a CPU core.
+      "learning_curve": True,
   })
 
 

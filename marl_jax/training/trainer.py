@@ -31,7 +31,8 @@ Workdir layout: `checkpoints/`, `metrics.jsonl`, `samples/step{N}.md` (`training
 `traces/eval_step{N}.jsonl` (and `traces/pretrained_step0.jsonl` before a warm-start; + content
 stores;
 process p > 0 of a multi-host run: `traces/eval_step{N}.process{p}.jsonl`),
-`learning_curve.png`, `summary.md`, `summary.json`, `config.json`.
+`learning_curve.png` (unless `logging.learning_curve` is off), `summary.md`, `summary.json`,
+`config.json`.
 """
 
 from __future__ import annotations
@@ -150,7 +151,8 @@ def _finish(run: Run, writer) -> dict[str, Any]:
   plots.write_summary_table(os.path.join(run.workdir, "summary.md"), rows,
                             title=f"{run.c.env.name}: {run.c.algo.estimator}, "
                                   f"{run.c.policy.kind} policy")
-  plots.plot_learning_curves(run.workdir, os.path.join(run.workdir, "learning_curve.png"))
+  if run.c.logging.learning_curve:
+    plots.plot_learning_curves(run.workdir, os.path.join(run.workdir, "learning_curve.png"))
   writer.write_summary(summary)
   logging.info("summary: %s", json.dumps(summary, default=str))
   return summary

@@ -24,14 +24,14 @@ from marl_jax.models.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")
-def smollm():
-  """Our load of the embedded GGUF and transformers' (PyTorch, fp32) load of the same file."""
+def smollm(transformers_smollm2):
+  """Our load of the embedded GGUF and transformers' (PyTorch, fp32) load of the same file
+  (`conftest.py`)."""
   start = time.perf_counter()
   loaded = load_model("smollm2-135m-instruct")
   jax.block_until_ready(loaded.params)
   print(f"\nload_model('smollm2-135m-instruct'): {time.perf_counter() - start:.1f} s")
-  directory, file = embedded_gguf_path().rsplit("/", 1)
-  model = transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=file,
+  model = transformers.AutoModelForCausalLM.from_pretrained(transformers_smollm2,
                                                             dtype=torch.float32)
   return loaded, model
 

@@ -45,10 +45,9 @@ def reader():
 
 
 @pytest.fixture(scope="module")
-def tokenizers_pair(reader):
-  """(ours from the embedded GGUF's metadata, transformers' own GGUF tokenizer)."""
-  directory, file = embedded_gguf_path().rsplit("/", 1)
-  reference = transformers.AutoTokenizer.from_pretrained(directory, gguf_file=file)
+def tokenizers_pair(reader, transformers_smollm2):
+  """(ours from the embedded GGUF's metadata, transformers' own GGUF tokenizer: `conftest.py`)."""
+  reference = transformers.AutoTokenizer.from_pretrained(transformers_smollm2)
   return Tokenizer.from_gguf(reader), reference
 
 

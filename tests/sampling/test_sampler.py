@@ -9,7 +9,6 @@ SmolLM2 GGUF.
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -439,14 +438,13 @@ def smollm2():
 
 
 @pytest.fixture(scope="module")
-def torch_smollm2():
-  """transformers' own GGUF loader (dequantised to fp32), independent of marl_jax's loader."""
+def torch_smollm2(transformers_smollm2):
+  """transformers' own GGUF loader (dequantised to fp32), independent of marl_jax's loader
+  (`conftest.py`)."""
   import torch
   import transformers
-  from marl_jax.models.loading import embedded_gguf_path
-  path = embedded_gguf_path()
-  return transformers.AutoModelForCausalLM.from_pretrained(
-      os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+  return transformers.AutoModelForCausalLM.from_pretrained(transformers_smollm2,
+                                                           dtype=torch.float32).eval()
 
 
 def test_greedy_matches_transformers_generate_on_smollm2(smollm2, torch_smollm2):

@@ -49,6 +49,7 @@ def _config(model_dir, preset="cpu"):
   c.sft.steps, c.sft.problems_per_step, c.sft.lr = 2, 2, 1e-2
   c.train.steps, c.eval.num_problems, c.eval.at_start = 1, 2, True
   c.logging.wandb_mode, c.logging.console, c.logging.progress = "disabled", False, False
+  c.logging.learning_curve = False
   return c
 
 
@@ -297,7 +298,7 @@ def test_kl_reference_is_the_policy_rl_starts_from(model_dir, tmp_path, monkeypa
   resumed after step 1 (rebuilt from checkpoint 0) and in a fork of checkpoint 0. So step 1
   samples the reference itself: its KL is 0 up to float error."""
   c = _config(model_dir)
-  c.loss.kl_coef, c.loss.kl_estimator = 0.5, "k3"
+  c.loss.kl_coef, c.loss.kl_estimator, c.eval.at_start = 0.5, "k3", False  # no step-0 evals
   seen = {}
   train_step = trainer.Run.train_step
 
@@ -311,7 +312,7 @@ def test_kl_reference_is_the_policy_rl_starts_from(model_dir, tmp_path, monkeypa
   c.train.steps = 2
   trainer.train(c, straight)  # resumed from checkpoint 1
   fork = _config(model_dir)
-  fork.loss.kl_coef, fork.loss.kl_estimator = 0.5, "k3"
+  fork.loss.kl_coef, fork.loss.kl_estimator, fork.eval.at_start = 0.5, "k3", False
   fork.sft.steps, fork.init_from = 0, f"{straight}:0"
   trainer.train(fork, str(tmp_path / "fork"))
   with Checkpointer(tmp_path / "straight" / "checkpoints") as source:

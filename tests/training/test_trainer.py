@@ -80,7 +80,9 @@ def test_sigkill_and_restart_continues_exactly(model_dir, tmp_path):
 
 
 def test_end_to_end_outputs(model_dir, tmp_path):
-  summary = trainer.train(toy_task.toy_config(model_dir, steps=2), str(tmp_path))
+  c = toy_task.toy_config(model_dir, steps=2)
+  c.logging.learning_curve = True  # the default; toy_config turns it off for speed
+  summary = trainer.train(c, str(tmp_path))
   assert summary["steps"] == 2 and "eval/accuracy" in summary
   for name in ("metrics.jsonl", "learning_curve.png", "summary.md", "summary.json",
                "config.json", "traces/eval_step2.jsonl"):
@@ -132,6 +134,9 @@ def test_agent_grad_norms_are_logged(model_dir, tmp_path):
   np.testing.assert_allclose(row["agent/grad_norm/writer"], row["train/grad_norm"], rtol=1e-5)
   trainer.train(toy_task.toy_config(model_dir, steps=1), str(tmp_path / "off"))
   assert not any(k.startswith("agent/grad_norm") for k in read_metrics(tmp_path / "off")[0])
+  # toy_config's logging.learning_curve=False: the run ends with its summary and no PNG.
+  assert (tmp_path / "off" / "summary.md").exists()
+  assert not (tmp_path / "off" / "learning_curve.png").exists()
 
 
 def test_cli_reports_config_errors_in_one_line(tmp_path):
