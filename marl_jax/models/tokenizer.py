@@ -14,6 +14,7 @@ and falls back to the GPT-2 regex alone; the two differ only where whitespace ru
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any, Sequence
@@ -107,18 +108,17 @@ class Tokenizer:
 
   @classmethod
   def from_hf_dir(cls, path: str) -> "Tokenizer":
-    """The tokenizer of an HF checkpoint directory, stop ids from its generation_config.json."""
+    """The tokenizer of an HF checkpoint directory, stop ids from its generation_config.json.
+
+    Loaded once per process while the directory's files stay as they are (a 49k-token
+    tokenizer.json takes ~1.5 s to parse; a run, its evaluation and an export each ask for it):
+    Tokenizers are never modified after they are built."""
     try:
-      hf = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as e:
+      files = tuple(sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size)
+                           for e in os.scandir(path) if e.is_file()))
+    except OSError as e:
       raise WeightsError(f"cannot load a tokenizer from {path}: {e}") from None
-    stops: list[int] = []
-    generation_path = os.path.join(path, GENERATION_CONFIG_FILE)
-    if os.path.exists(generation_path):
-      with open(generation_path) as f:
-        eos = json.load(f).get("eos_token_id")
-      stops = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    return cls(hf, stops)
+    return _hf_dir_tokenizer(cls, os.path.abspath(path), files)
 
   @property
   def vocab_size(self) -> int:
@@ -160,3 +160,21 @@ class Tokenizer:
   def save(self, path: str) -> None:
     """Writes tokenizer.json + tokenizer_config.json (chat template included) to `path`."""
     self.hf.save_pretrained(path)
+
+
+@functools.lru_cache(maxsize=8)
+def _hf_dir_tokenizer(cls: type[Tokenizer], path: str,
+                      files: tuple[tuple[str, int, int], ...]) -> Tokenizer:
+  """`Tokenizer.from_hf_dir`, cached on the directory and its files' names, times and sizes."""
+  del files  # part of the cache key only
+  try:
+    hf = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+  except (OSError, ValueError) as e:
+    raise WeightsError(f"cannot load a tokenizer from {path}: {e}") from None
+  stops: list[int] = []
+  generation_path = os.path.join(path, GENERATION_CONFIG_FILE)
+  if os.path.exists(generation_path):
+    with open(generation_path) as f:
+      eos = json.load(f).get("eos_token_id")
+    stops = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+  return cls(hf, stops)

@@ -149,6 +149,7 @@ def test_hf_directory_round_trip(tokenizers_pair, tmp_path):
   generation = json.loads((tmp_path / "generation_config.json").read_text())
   assert generation["eos_token_id"] == [2] and generation["pad_token_id"] == 2
   reloaded = Tokenizer.from_hf_dir(str(tmp_path))
+  assert Tokenizer.from_hf_dir(str(tmp_path)) is reloaded  # parsed once while the files stay
   auto = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
   text = ours.apply_chat_template(MESSAGES[1]) + "\n\n1. 2 3"
   assert reloaded.encode(text) == ours.encode(text) == auto.encode(text, add_special_tokens=False)
