@@ -92,6 +92,10 @@ def transformers_smollm2(tmp_path_factory) -> str:
       del model.config.quantization_config
       model.hf_quantizer = None
       model.save_pretrained(out)
+      want = model.state_dict()
+      got = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32
+                                                              ).state_dict()
+      assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
       transformers.AutoTokenizer.from_pretrained(directory, gguf_file=file).save_pretrained(out)
       (out / "done").touch()
   return str(out)
