@@ -8,7 +8,8 @@ compile option"). Every compilation of the suite (`conftest.py`, which passes th
 subprocesses too) gets `SUITE_XLA_FLAGS`, the fusion emitters off alone: a trainer test's
 programs compile ~30% faster and run as fast, where -O0 would slow the runs that reuse them.
 Multi-device tests take their devices from `cpu_devices(n)`, which skips the test, naming why,
-when the process has fewer.
+when the process has fewer. `save_shards_whole` makes a test process's checkpoints skip orbax's
+per-replica slicing, which on fake devices costs eager ops and nothing else.
 """
 
 from __future__ import annotations

@@ -111,8 +111,8 @@ class Tokenizer:
     """The tokenizer of an HF checkpoint directory, stop ids from its generation_config.json.
 
     Loaded once per process while the directory's files stay as they are (a 49k-token
-    tokenizer.json takes ~1.5 s to parse; a run, its evaluation and an export each ask for it):
-    Tokenizers are never modified after they are built."""
+    tokenizer.json takes ~1.5 s to parse; a run, its evaluation and an export each ask for it);
+    a Tokenizer is never modified after it is built."""
     try:
       files = tuple(sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size)
                            for e in os.scandir(path) if e.is_file()))
