@@ -127,9 +127,15 @@ def toy_config(model_dir: str, steps: int):
   c.train.steps = steps
   c.eval.every, c.eval.num_problems, c.eval.at_start = 2, 2, False
   c.checkpoint.every_steps = 1
-  c.logging.wandb_mode, c.logging.console, c.logging.progress = "disabled", False, False
-  c.logging.learning_curve = False  # ~2 s a run; test_trainer's end-to-end test draws it
+  quiet_logging(c)
   return c
+
+
+def quiet_logging(c) -> None:
+  """A test run's logging: metrics.jsonl only; no wandb, console lines, progress bar or
+  learning-curve PNG (~2 s a run; test_trainer's end-to-end test turns it back on)."""
+  c.logging.wandb_mode, c.logging.console, c.logging.progress = "disabled", False, False
+  c.logging.learning_curve = False
 
 
 def read_samples_page(path: str | os.PathLike[str]) -> list[dict[str, str]]:

@@ -385,8 +385,7 @@ def _cpu_run(name: str, model_dir: str, preset: str = "cpu"):
   c = _config(name, preset)
   c.model = model_dir
   c.sampling.max_new_tokens, c.sampling.top_p, c.eval.top_p = 16, 1.0, None
-  c.logging.wandb_mode, c.logging.console, c.logging.progress = "disabled", False, False
-  c.logging.learning_curve = False
+  toy_task.quiet_logging(c)
   return c
 
 

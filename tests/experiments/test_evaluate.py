@@ -25,7 +25,7 @@ def test_evaluates_a_named_split_from_its_own_file(tmp_path):
   c = drmas_math.get_config("cpu")
   c.model = str(model)
   c.sampling.max_new_tokens, c.eval.top_p = 8, None
-  c.logging.wandb_mode, c.logging.console, c.logging.progress = "disabled", False, False
+  toy_task.quiet_logging(c)
   c.env.kwargs.path, c.eval.env_kwargs.path, c.eval.num_problems = str(train), str(test), 3
   workdir = tmp_path / "run"
   result = evaluation.evaluate_checkpoint(c, str(workdir), None, "test")

@@ -48,8 +48,7 @@ def _config(model_dir, preset="cpu"):
   c.sampling.max_new_tokens = 8
   c.sft.steps, c.sft.problems_per_step, c.sft.lr = 2, 2, 1e-2
   c.train.steps, c.eval.num_problems, c.eval.at_start = 1, 2, True
-  c.logging.wandb_mode, c.logging.console, c.logging.progress = "disabled", False, False
-  c.logging.learning_curve = False
+  toy_task.quiet_logging(c)
   return c
 
 

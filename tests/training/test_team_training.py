@@ -286,8 +286,7 @@ def test_marft_cpu_preset_with_critic(models, recorded, tmp_path, variant):
   c = marft_math.get_config(f"{variant},cpu")
   c.model = models[0]
   c.env.max_turns, c.sampling.max_new_tokens = 2, 8  # one retry after "The answer is incorrect."
-  c.logging.wandb_mode, c.logging.console, c.logging.progress = "disabled", False, False
-  c.logging.learning_curve = False
+  toy_task.quiet_logging(c)
   summary = trainer.train(c, str(tmp_path))
   assert summary["steps"] == 2 and len(recorded) == 2
   config = load_model(models[0]).config
