@@ -146,25 +146,50 @@ def rollout_targets(cfg: TrainConfig, batch) -> tuple[Any, RolloutTargets, dict[
 
 
 def learner_old_logp(cfg: TrainConfig, params, frozen, specs, batch, targets: Any
-                     ) -> tuple[Any, Any]:
+                     ) -> tuple[Any, Any, dict[str, jax.Array]]:
   """Per-device body: the batch with `old_logp` replaced by the learner's (a teacher-forced
-  forward at `cfg.temperature`) and `targets` (`RolloutTargets` in the batch's layout) with the
-  truncated IS weights when `cfg.tis_cap` is set."""
+  forward at `cfg.temperature`: the proximal policy of decoupled PPO), `targets`
+  (`RolloutTargets` in the batch's layout) with the truncated IS weights when `cfg.tis_cap` is
+  set, and the global per-agent [A] statistics of the importance weights
+  w = exp(learner - sampler log-prob) over trained tokens (`importance_metrics`)."""
   layout = layouts.of(cfg.policy)
   samples = flat_field(cfg, batch, "samples")
   logp = split_micro_map(cfg, lambda b: policies.token_logprobs(
       cfg.policy, params, frozen, specs, b, temperature=cfg.temperature,
       logits_chunk=cfg.train.logits_chunk)[0], batch)
+  flat_logp, behaviour = layout.flatten(cfg.policy, logp), flat_field(cfg, batch, "old_logp")
+  trained = samples.token_mask & samples.sample_mask[:, None]
+  metrics = importance_metrics(flat_logp, behaviour, trained, samples.agent_id,
+                               cfg.space.num_agents, cfg.train.tis_cap, cfg.loss.log_ratio_limit)
   if cfg.train.tis_cap is not None:
     is_weight = jnp.where(samples.token_mask, losses.tis_weight(
-        layout.flatten(cfg.policy, logp), flat_field(cfg, batch, "old_logp"), cfg.train.tis_cap,
-        cfg.loss.log_ratio_limit), 1.0)
+        flat_logp, behaviour, cfg.train.tis_cap, cfg.loss.log_ratio_limit), 1.0)
     weights = layout.unflatten(cfg.policy, is_weight, batch)
     targets = jax.tree.map(lambda t, w: t.replace(is_weight=w), targets, weights,
                            is_leaf=lambda x: isinstance(x, RolloutTargets))
   batch = jax.tree.map(lambda b, lp: b.replace(old_logp=jnp.where(
       b.samples.token_mask, lp, 0.0)), batch, logp, is_leaf=lambda x: hasattr(x, "old_logp"))
-  return batch, targets
+  return batch, targets, metrics
+
+
+def importance_metrics(learner_logp, sampler_logp, mask, agent_id, num_agents: int,
+                       cap: float | None, log_ratio_limit: float) -> dict[str, jax.Array]:
+  """Per-agent [A] statistics of the untruncated weights w = exp(learner - sampler log-prob)
+  [n, R] over the tokens of `mask` (psum over the batch axes): `ess`, the effective sample size
+  per token (sum w)^2 / (n sum w^2) in (0, 1] (1: the samples are as good as on-policy;
+  asynchronous RL's staleness and the sampler's numerics lower it), `weight_mean`, and with a
+  cap `capped`, the fraction of tokens whose weight `tis_cap` truncates. Agents without tokens
+  get 0."""
+  w = jnp.exp(jnp.clip(learner_logp - sampler_logp, -log_ratio_limit, log_ratio_limit))
+  m = mask.astype(jnp.float32)
+  seg = lambda v: jax.lax.psum(jax.ops.segment_sum(jnp.sum(v * m, axis=1), agent_id,
+                                                   num_segments=num_agents), BATCH_AXES)
+  n, s1, s2 = seg(jnp.ones_like(w)), seg(w), seg(w * w)
+  safe = lambda num, den: jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
+  out = {"ess": safe(s1 * s1, n * s2), "weight_mean": safe(s1, n)}
+  if cap is not None:
+    out["capped"] = safe(seg((w > cap).astype(jnp.float32)), n)
+  return out
 
 
 class Prepass(NamedTuple):

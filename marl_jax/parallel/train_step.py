@@ -66,9 +66,10 @@ class TrainFns(NamedTuple):
   # batch -> (batch, RolloutTargets, advantage metrics): the rollout's targets
   # (`gradients.rollout_targets`).
   prepare: Callable[[Any], tuple[Any, gradients.RolloutTargets, Any]]
-  # (trainable, frozen, batch, targets) -> (batch, targets) with the learner's old log-probs and
-  # truncated IS weights (`gradients.learner_old_logp`); None unless train.recompute_old_logp.
-  recompute: Callable[[Any, Any, Any, Any], tuple[Any, Any]] | None
+  # (trainable, frozen, batch, targets) -> (batch, targets, importance metrics) with the
+  # learner's old log-probs and truncated IS weights (`gradients.learner_old_logp`); None unless
+  # train.recompute_old_logp.
+  recompute: Callable[[Any, Any, Any, Any], tuple[Any, Any, Any]] | None
   # (trainable, frozen, batch) -> the batch with the critic's rollout-time values filled in
   # (`samples.values`, `samples.token_values`); None without a critic.
   old_values: Callable[[Any, Any, Any], Any] | None = None
@@ -296,7 +297,7 @@ def make_train_step(cfg: TrainConfig, mesh: Mesh,
                            lambda specs, batch: batch_specs(batch)))
   recompute = jit(sharded(
       lambda p, f, specs, bt: gradients.learner_old_logp(cfg, p, f, specs, *bt),
-      lambda specs, bt: (batch_specs(bt[0]), spec)))
+      lambda specs, bt: (batch_specs(bt[0]), spec, P())))
   with_ref = lambda batch: jax.tree.map(lambda b: b.replace(ref_logp=b.old_logp), batch,
                                         is_leaf=lambda x: isinstance(x, TrainBatch))
   ref_logp = jit(sharded(lambda r, f, specs, b: fill_ref_logp(cfg, r, f, specs, b),

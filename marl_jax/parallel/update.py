@@ -11,7 +11,8 @@ Every config takes it, in this order (after `fns.check`, the batch's host-side c
      sample of an agent RL leaves out (`config.train.agents`) still counts in its group's
      statistics, but no update computes it;
   4. `fns.ref_logp` and `fns.recompute`, when configured: the KL reference's log-probs, and the
-     learner's old log-probs and truncated IS weights, of those rows alone;
+     learner's old log-probs and truncated IS weights, of those rows alone (with the importance
+     weights' per-agent statistics, `is/` metrics);
   5. `train.epochs` epochs, each shuffling those rows of every policy block and cutting them into
      mini-batches of `train.mini_batch_size` rows (None: all of them in one update, in order),
      one `fns.step` each, whose loss pairs are exact over that mini-batch (its own denominators,
@@ -184,8 +185,9 @@ def run(fns: TrainFns, cfg: TrainConfig, state: TrainState, frozen: Any, batch: 
     kept = [v for v in valid if v is not None]
   if fns.ref_logp is not None:  # the KL reference's log-probs of the rows the updates train on
     batch = fns.ref_logp(reference, frozen, batch)
+  importance = {}
   if fns.recompute is not None:  # the learner's old log-probs of the rows it trains on
-    batch, targets = fns.recompute(state.params, frozen, batch, targets)
+    batch, targets, importance = fns.recompute(state.params, frozen, batch, targets)
   history = []
   for _ in range(cfg.train.epochs):
     for idx, valid in plan(kept, cfg.train.mini_batch_size, rng, fns.shards, equal):
@@ -200,4 +202,5 @@ def run(fns: TrainFns, cfg: TrainConfig, state: TrainState, frozen: Any, batch: 
   out["updates"] = np.float32(len(host))
   out["policy_skipped"] = np.float32(len(host) - sum(bool(m["policy_updated"]) for m in host))
   out.update({f"adv/{k}": v for k, v in jax.device_get(adv_metrics).items()})
+  out.update({f"is/{k}": v for k, v in jax.device_get(importance).items()})
   return state, out

@@ -281,7 +281,7 @@ def test_recompute_old_logp_and_tis_weight(temperature):
   b = make_batch_at(trainable["policy"], noise=0.3)  # the sampler differs from the learner
   state, frozen_s, batch = start(fns, trainable, frozen, b)
   full, targets, _ = fns.prepare(batch)
-  full, targets = fns.recompute(state.params, frozen_s, full, targets)
+  full, targets, _ = fns.recompute(state.params, frozen_s, full, targets)
   mask = b.samples.token_mask
   learner = ref_logp(trainable["policy"], b, temperature)
   np.testing.assert_allclose(np.asarray(full.old_logp), np.where(mask, learner, 0.0),
@@ -348,7 +348,7 @@ def test_each_agent_rows_at_its_own_temperature(kind):
   state, frozen_s, sharded = start(fns, trainable, frozen, batch)
   reference = fns.reference_params(state.params)
   full, targets, _ = fns.prepare(sharded)
-  full, _ = fns.recompute(state.params, frozen_s, full, targets)
+  full, _, _ = fns.recompute(state.params, frozen_s, full, targets)
   full = host(fns.ref_logp(reference, frozen_s, full))
   got_blocks = [full] if kind == "shared" else [jax.tree.map(lambda x, p=p: x[p], full)
                                                 for p in range(A)]
@@ -501,7 +501,7 @@ def test_updates_leave_out_the_rows_of_agents_rl_does_not_train(kind, recompute)
     if path == "plain":  # one step on the whole masked batch
       full, targets, _ = fns.prepare(sharded)
       if recompute:
-        full, targets = fns.recompute(state.params, frozen_s, full, targets)
+        full, targets, _ = fns.recompute(state.params, frozen_s, full, targets)
       state, out = fns.step(state, frozen_s, full, targets)
     else:
       state, out = update.run(fns._replace(step=step), cfg, state, frozen_s, sharded,
