@@ -64,7 +64,7 @@ def main(argv):
     run.warm_start()
   elif c.init_from:  # a saved warm-start (the run's fork point), instead of making one
     run.start_from_checkpoint()
-  samples, _, _ = run.rollout(0)
+  samples = run.rollout(0, run.next_seed, run.params, 0).samples
   batch = run.batch(trainer.trained_samples(samples, run.trained_agents), run.shape)
   host_params = jax.device_get(run.state.params)
   run.state = None
@@ -97,7 +97,7 @@ def main(argv):
     run.fns.check(full)
     full, targets, _ = run.fns.prepare(full)
     if run.fns.recompute is not None:
-      full, targets = run.fns.recompute(state.params, run.frozen, full, targets)
+      full, targets, _ = run.fns.recompute(state.params, run.frozen, full, targets)
     return run.fns.step(state, run.frozen, full, targets)
 
   paths = {

@@ -65,6 +65,9 @@ class TrainSettings:
       temperature (1 when sampling greedily).
     agent_grad_norms: log each agent's own gradient norm (Dr. MAS's instability signal; one
       extra backward pass per agent).
+    max_staleness: asynchronous RL's bound k (`training/pipeline.py`): step s trains on a
+      rollout sampled with the params of k steps before (version s - k) while the learner
+      updates; 0: synchronous, each rollout sampled with the params it trains.
   """
   steps: int = 200
   micro_batches: int = 1
@@ -82,12 +85,20 @@ class TrainSettings:
   tis_cap: float | None = None
   learner_temperature: float | None = None
   agent_grad_norms: bool = False
+  max_staleness: int = 0
 
   def __post_init__(self):
     object.__setattr__(self, "mesh", tuple(self.mesh))
     for name in ("steps", "micro_batches", "epochs"):
       if not _int(getattr(self, name), 1):
         raise ValueError(f"{name}={getattr(self, name)!r}; expected an integer >= 1")
+    if not _int(self.max_staleness, 0):
+      raise ValueError(f"max_staleness={self.max_staleness!r}; expected an integer >= 0 "
+                       "(0: synchronous)")
+    if self.max_staleness and not self.recompute_old_logp:
+      raise ValueError(f"max_staleness={self.max_staleness} needs recompute_old_logp=True: the "
+                       "PPO ratio is taken against the learner's own (proximal) log-probs and "
+                       "the stale sampler's are only weighed against them (decoupled PPO)")
     for name in ("logits_chunk", "mini_batch_size"):
       value = getattr(self, name)
       if value is not None and not _int(value, 1):
@@ -118,6 +129,10 @@ def check_update_rules(train: TrainSettings, loss: losses.LossConfig) -> None:
     raise ValueError(f"loss.policy_loss={loss.policy_loss!r} is on-policy (one update per "
                      f"rollout); got train.epochs={train.epochs}, train.mini_batch_size="
                      f"{train.mini_batch_size}, expected 1 and None")
+  if train.max_staleness and not loss.record.ratio:
+    raise ValueError(f"train.max_staleness={train.max_staleness} corrects stale samples through "
+                     f"the PPO ratio; expected loss.policy_loss in "
+                     f"{losses.POLICY_LOSSES.having('ratio')}, got {loss.policy_loss!r}")
   if train.target_kl is not None and not loss.record.ratio:
     raise ValueError(f"train.target_kl={train.target_kl} uses the approximate KL of a ratio loss; "
                      f"expected loss.policy_loss in {losses.POLICY_LOSSES.having('ratio')}, got "

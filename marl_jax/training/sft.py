@@ -77,7 +77,7 @@ def train_config(rl: TrainConfig, optim: OptimConfig, lr: float, steps: int, spa
   policy = dataclasses.replace(rl.policy, optim=(optim,) * len(rl.policy.optim))
   train = dataclasses.replace(rl.train, agent_grad_norms=False, target_kl=None,
                               mini_batch_size=None, epochs=1, recompute_old_logp=False,
-                              tis_cap=None)
+                              tis_cap=None, max_staleness=0)
   return dataclasses.replace(
       rl, policy=policy, space=space, loss=losses.LossConfig(policy_loss="nll"),
       advantage=AdvantageConfig(estimator="grpo", filter="none"), with_entropy=False, train=train,

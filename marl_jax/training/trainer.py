@@ -18,7 +18,8 @@ Key streams of the run key: fold_in(run_key, s) with s = 1 the params' initialis
 evaluations, 3 and 4 the RL and warm-start mini-batch shuffles, 5 the rollouts' sampling.
 
 Each step is a rollout (`Run.rollout`, host side) and every update of it through the one update
-path (`parallel/update.run`). The static parts of a run come from `training/setup.py`; where RL
+path (`parallel/update.run`). With `train.max_staleness` = k > 0 the rollouts run on a thread
+beside the learner, step s's sampled with the params of step s - k (`training/pipeline.py`). The static parts of a run come from `training/setup.py`; where RL
 starts from and its KL reference (`loss.kl_coef > 0`), from `training/reference.py`.
 
 Multi-host (SPMD, `parallel/multihost.py`): each process rolls out its contiguous slice of the
@@ -37,9 +38,11 @@ process p > 0 of a multi-host run: `traces/eval_step{N}.process{p}.jsonl`),
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import threading
 import time
 from collections import defaultdict
 from typing import Any
@@ -55,7 +58,8 @@ from marl_jax.parallel import distributed, layouts, multihost, policies, update
 from marl_jax.parallel import mesh as mesh_lib
 from marl_jax.parallel.train_step import make_train_step
 from marl_jax.sandbox import runner as sandbox
-from marl_jax.training import eval_metrics, plots, preflight, progress, reference, refill
+from marl_jax.training import eval_metrics, pipeline, plots, preflight, progress, reference
+from marl_jax.training import refill
 from marl_jax.training import config as config_lib
 from marl_jax.training import run_identity, setup, workdir_lock
 from marl_jax.training import samples as samples_lib
@@ -91,26 +95,40 @@ def _train(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   else:
     run.resume_reference()
   bar = progress.step_bar(c.train.steps, start, enabled=c.logging.progress and run.is_main)
-  for step in range(start, c.train.steps):
-    scalars = run.train_step(step)
-    done = step + 1
-    if done % c.eval.every == 0 or done == c.train.steps:
-      scalars.update(run.evaluate(done))
-    writer.write_scalars(done, scalars)
-    if run.samples_table is not None:  # process 0 only
-      samples_lib.publish(run.samples_table, done, workdir, writer)
-    progress.show_metrics(bar, scalars, ("rollout/success", "eval/accuracy", "train/loss"))
-    bar.update(1)
-    writer.flush()  # metrics up to a checkpoint survive a SIGKILL right after it
-    run.checkpointer.save(done, {"train": run.state, "rng": run.run_key},
-                          {"next_step": done, "next_seed": run.next_seed},
-                          force=done == c.train.steps)
+  producer = None  # asynchronous RL: the rollouts on a thread beside the learner
+  if c.train.max_staleness and start < c.train.steps:
+    producer = pipeline.Producer(run, start, c.train.steps, c.train.max_staleness,
+                                 run.published_params())
+  with producer or contextlib.nullcontext():
+    for step in range(start, c.train.steps):
+      _step(run, writer, bar, step, producer)
   bar.close()
   writer.flush()
   summary = _finish(run, writer)
   writer.close()
   run.checkpointer.close()
   return summary
+
+
+def _step(run: Run, writer, bar, step: int, producer: pipeline.Producer | None) -> None:
+  """RL step `step` (its rollout from `producer` in an asynchronous run), its evaluation when
+  due, its metrics and its checkpoint."""
+  c, workdir = run.c, run.workdir
+  scalars = run.train_step(step, None if producer is None else producer.take(step))
+  done = step + 1
+  if producer is not None and producer.needed(done):
+    producer.publish(done, run.published_params())
+  if done % c.eval.every == 0 or done == c.train.steps:
+    scalars.update(run.evaluate(done))
+  writer.write_scalars(done, scalars)
+  if run.samples_table is not None:  # process 0 only
+    samples_lib.publish(run.samples_table, done, workdir, writer)
+  progress.show_metrics(bar, scalars, ("rollout/success", "eval/accuracy", "train/loss"))
+  bar.update(1)
+  writer.flush()  # metrics up to a checkpoint survive a SIGKILL right after it
+  run.checkpointer.save(done, {"train": run.state, "rng": run.run_key},
+                        {"next_step": done, "next_seed": run.next_seed},
+                        force=done == c.train.steps)
 
 
 def _start(run: Run, writer) -> None:
@@ -198,7 +216,10 @@ class Run:
     self.reference = None  # the KL reference's own params (full models with kl_coef > 0)
     if trains and reference.start_point(c, workdir) is None:  # else made where RL starts
       self.reference = reference.copy(self.fns, trainable)
-    self.next_seed = 0  # data position: the first seed not rolled out yet
+    self.next_seed = 0  # data position: the first seed not trained on yet
+    # The rollouts and evaluations share the engines: an asynchronous run's rollout thread and
+    # the learner's evaluations take turns.
+    self.engine_lock = threading.Lock()
     self.samples_table = None  # the last train step's samples table rows (`training/samples.py`)
     self.local_frozen = policies.sampler_copy(  # never donated
         self.policy, multihost.process_local(self.frozen, self.mesh))
@@ -232,7 +253,8 @@ class Run:
   def params(self):
     """(trainable, frozen) for the sampler, on this process's devices (`multihost.process_local`)
     as compute copies (`policies.sampler_copy`: bf16 under bf16 compute, made once per rollout;
-    in fp32 compute the train state's own arrays). Valid until the next train step."""
+    in fp32 compute the train state's own arrays). Valid until the next train step (which donates
+    them); `published_params` outlives it."""
     local = multihost.process_local(self.state.params, self.mesh)
     return policies.sampler_copy(self.policy, local), self.local_frozen
 
@@ -256,21 +278,30 @@ class Run:
       os.remove(trace_path)
       os.remove(trace_path + ".content.jsonl")
     n = c.eval.num_problems
-    metrics = eval_metrics.evaluate(setup.problems(c, c.eval.seed_offset, n,
-                                                   multihost.process_slice(n), for_eval=True),
-                                  self.spec,
-                                  self.eval_policy, self.params, k=c.eval.k,
-                                  rollout_cfg=self.rollout_cfg, trace_path=trace_path)
+    with self.engine_lock:
+      metrics = eval_metrics.evaluate(setup.problems(c, c.eval.seed_offset, n,
+                                                     multihost.process_slice(n), for_eval=True),
+                                      self.spec,
+                                      self.eval_policy, self.params, k=c.eval.k,
+                                      rollout_cfg=self.rollout_cfg, trace_path=trace_path)
     return {f"{split}/{k}": v for k, v in metrics.items()}
 
-  def train_step(self, step: int) -> dict[str, float]:
+  def train_step(self, step: int, rolled: Rolled | None = None) -> dict[str, float]:
+    """RL step `step`: its rollout (`rolled`, an asynchronous run's from `training/pipeline.py`;
+    None: rolled out now with the current params) and every update of it."""
     if not self.trains:
       raise RuntimeError("this Run was built to evaluate (trains=False): it holds no KL "
                          "reference; build it with trains=True to train")
     start = time.monotonic()
-    samples, result, refill_metrics = self.rollout(step)
-    rollout_s = time.monotonic() - start
-    samples = trained_samples(samples, self.trained_agents, self.c.train.overlong_filter)
+    if rolled is None:
+      rolled = self.rollout(step, self.next_seed, self.params, step)
+    waited_s = time.monotonic() - start
+    self.next_seed = rolled.next_seed
+    samples = trained_samples(rolled.samples, self.trained_agents, self.c.train.overlong_filter)
+    lag = self.c.train.max_staleness
+    stale = 0
+    if lag:
+      samples, stale = pipeline.admit(samples, step, lag)
     batch = self.batch(samples, self.shape)
     capture = (samples_lib.Capture(self.policy, samples, self.c.logging.samples_episodes)
                if samples_lib.due(self.c.logging, step + 1) else None)  # step + 1: as logged
@@ -278,9 +309,13 @@ class Run:
                                      self._shuffles(3, step), self.reference, capture)
     self.samples_table = capture.table() if capture is not None and self.is_main else None
     out = _scalars(metrics, self.spec.agents)
-    out.update(_rollout_metrics(result, self.spec.agents))
-    out.update(refill_metrics)
-    out.update({"time/rollout_s": rollout_s, "time/train_s": time.monotonic() - start - rollout_s})
+    out.update(_rollout_metrics(rolled.result, self.spec.agents))
+    out.update(rolled.metrics)
+    if lag:  # the learner's wait for the rollout besides the rollout's own time
+      out.update(pipeline.staleness_metrics(rolled.samples, step, lag))
+      out.update({"staleness/dropped": float(stale), "time/rollout_wait_s": waited_s})
+    out.update({"time/rollout_s": rolled.seconds,
+                "time/train_s": time.monotonic() - start - waited_s})
     return out
 
   def _shuffles(self, stream: int, step: int) -> np.random.Generator:
@@ -352,25 +387,30 @@ class Run:
     key = jax.random.fold_in(jax.random.fold_in(self.run_key, 5), step)
     return multihost.process_key(jax.random.fold_in(key, attempt))
 
-  def rollout(self, step: int) -> tuple[list[Sample], RolloutResult, dict[str, float]]:
-    """The step's samples, every rollout's result (for the metrics) and the refill metrics.
+  def rollout(self, step: int, seed: int, params: Any, version: int) -> Rolled:
+    """Step `step`'s rollout from data position `seed`, sampled with `params` (`Run.params`
+    of policy version `version`, which stamps its replies).
 
     One rollout of `problems_per_step` fresh problems; with DAPO dynamic sampling, more of fresh
     seeds until that many problems qualify or `rollout.max_refills` extra rollouts are spent
-    (`refill.select` keeps the first qualifying ones). Each rollout advances the data position."""
+    (`refill.select` keeps the first qualifying ones). Each rollout advances the data position.
+    Takes the engines (`engine_lock`) for its whole length."""
     c, n = self.c, self.c.rollout.problems_per_step
+    start = time.monotonic()
     results, qualifying = [], []  # qualifying[t]: the qualifying problem ids of results[t]
-    while True:
-      self.train_policy.reseed(self.sampling_key(step, len(results)), version=step)
-      results.append(rollout(setup.problems(c, self.next_seed, n, multihost.process_slice(n)),
-                             self.spec, self.train_policy, self.params, self.rollout_cfg))
-      self.next_seed += n
-      if not self.dynamic:
-        return results[0].samples, results[0], {}
-      qualifying.append(refill.qualifying_problems(results[-1].samples, self.advantage.group_by,
-                                                   self.advantage.alpha))
-      if sum(map(len, qualifying)) >= n or len(results) > c.rollout.max_refills:
-        break
+    with self.engine_lock:
+      while True:
+        self.train_policy.reseed(self.sampling_key(step, len(results)), version=version)
+        results.append(rollout(setup.problems(c, seed, n, multihost.process_slice(n)),
+                               self.spec, self.train_policy, params, self.rollout_cfg))
+        seed += n
+        if not self.dynamic:
+          return Rolled(step, version, results[0].samples, results[0], {}, seed,
+                        time.monotonic() - start)
+        qualifying.append(refill.qualifying_problems(
+            results[-1].samples, self.advantage.group_by, self.advantage.alpha))
+        if sum(map(len, qualifying)) >= n or len(results) > c.rollout.max_refills:
+          break
     samples, metrics = refill.select(results, qualifying, n, self.shape.trajs_per_problem)
     if metrics["rollout/refill_cap_hit"]:
       logging.warning("dynamic sampling: %d of %d problems qualify after %d rollouts "
@@ -379,7 +419,13 @@ class Run:
     every = RolloutResult([s for r in results for s in r.samples],
                           [e for r in results for e in r.episodes],
                           sum(r.safety_events for r in results))
-    return samples, every, metrics
+    return Rolled(step, version, samples, every, metrics, seed, time.monotonic() - start)
+
+  def published_params(self) -> Any:
+    """The current params as an asynchronous run's producer samples with them: `params`, with
+    the leaves the next update donates copied (`pipeline.own_copy`)."""
+    trainable, frozen = self.params
+    return pipeline.own_copy(trainable, self.state.params), frozen
 
   def _global_batch(self, batch: Any, shape: BatchShape) -> Any:
     """This process's rows -> the step's global batch (process p's rows are block p)."""
@@ -390,6 +436,18 @@ class Run:
                            shape.multiple)
     return distributed.process_local_batch_to_global(
         batch, self.mesh, layouts.batch_spec(self.policy, mesh_lib.BATCH_AXES))
+
+
+@dataclasses.dataclass(frozen=True)
+class Rolled:
+  """One step's rollout as the learner takes it (`Run.rollout`)."""
+  step: int
+  version: int  # the policy version that sampled it
+  samples: list[Sample]  # those the step trains on (dynamic sampling: the selected problems')
+  result: RolloutResult  # every rollout of the step, for the metrics
+  metrics: dict[str, float]  # dynamic sampling's refill metrics
+  next_seed: int  # the data position after it
+  seconds: float
 
 
 def trained_samples(samples: list[Sample], agents: frozenset[str], overlong_filter: bool = False

@@ -93,7 +93,7 @@ def test_trainer_writes_the_samples_of_every_nth_step(model_dir, tmp_path, monke
   rollouts = []
   real_rollout = trainer.Run.rollout
   monkeypatch.setattr(trainer.Run, "rollout",
-                      lambda run, step: rollouts.append(real_rollout(run, step)) or rollouts[-1])
+                      lambda run, *args: rollouts.append(real_rollout(run, *args)) or rollouts[-1])
   recorder = Recorder()
   real_writer = trainer.make_writer
   monkeypatch.setattr(trainer, "make_writer", lambda *a, **k: metrics.MultiWriter(
@@ -101,9 +101,9 @@ def test_trainer_writes_the_samples_of_every_nth_step(model_dir, tmp_path, monke
   trainer.train(c, str(tmp_path))
 
   assert sorted(p.name for p in (tmp_path / "samples").iterdir()) == ["step2.md"]
-  step2 = rollouts[1][0]
+  step2 = rollouts[1].samples
   # Each agent kept its own budget (the rollout honours sampling.per_agent).
-  for s in [s for r in rollouts for s in r[0]]:
+  for s in [s for r in rollouts for s in r.samples]:
     assert len(s.generation.token_ids) <= {"first": 3, "second": 8}[s.agent]
   assert max(len(s.generation.token_ids) for s in step2 if s.agent == "second") > 3
   rows = toy_task.read_samples_page(tmp_path / "samples" / "step2.md")

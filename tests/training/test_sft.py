@@ -260,7 +260,7 @@ def test_warm_start_is_checkpointed_resumed_and_forked(model_dir, tmp_path, monk
   trainer.train(c, str(tmp_path / "straight"))
   assert saved_steps(tmp_path / "straight") == [0, 1]
 
-  def killed(self, step):
+  def killed(self, step, rolled=None):
     raise RuntimeError(f"killed in step {step + 1}")
 
   with monkeypatch.context() as m:
@@ -301,9 +301,9 @@ def test_kl_reference_is_the_policy_rl_starts_from(model_dir, tmp_path, monkeypa
   seen = {}
   train_step = trainer.Run.train_step
 
-  def recording(self, step):
+  def recording(self, step, rolled=None):
     seen[self.workdir, step] = jax.tree.leaves(jax.device_get(self.reference))
-    return train_step(self, step)
+    return train_step(self, step, rolled)
 
   monkeypatch.setattr(trainer.Run, "train_step", recording)
   straight = str(tmp_path / "straight")
