@@ -68,6 +68,17 @@ def shared_compiles(_compile_cache_dir):
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+  """The toy tests' tiny random model as an HF directory (`toy_task.write_tiny_model`), written
+  once per test process; tests only read it. Registers the toy task."""
+  import toy_task
+  path = str(tmp_path_factory.mktemp("tiny_model"))
+  toy_task.write_tiny_model(path)
+  toy_task.register()
+  return path
+
+
+@pytest.fixture(scope="session")
 def transformers_smollm2(tmp_path_factory) -> str:
   """An HF directory of the embedded SmolLM2 GGUF as transformers' own GGUF loader reads it
   (model dequantised to fp32, tokenizer), the reference that is independent of marl_jax's

@@ -10,6 +10,10 @@ import functools
 import html
 import os
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import jax
 
@@ -22,6 +26,7 @@ from marl_jax.training import samples
 from marl_jax.workflows import registry
 
 NAME = "toy_vowels"
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "resume_worker.py")
 
 
 class VowelEnv:
@@ -152,3 +157,24 @@ def read_samples_page(path: str | os.PathLike[str]) -> list[dict[str, str]]:
                 for c in cells]  # each cell is written as " text "
       rows.append(dict(episode, **dict(zip(samples.COLUMNS[2:], values))))
   return rows
+
+
+def start_worker(model_dir: str, workdir, steps: int, *options: str, env: dict
+                 ) -> subprocess.Popen:
+  """The toy training run in its own process (`resume_worker.py`, `options` such as
+  "--engine=continuous"), stderr kept for the test's failure message."""
+  return subprocess.Popen(
+      [sys.executable, WORKER, *options, model_dir, str(workdir), str(steps)], env=env,
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def kill_after_checkpoint(process: subprocess.Popen, workdir, step: int) -> None:
+  """SIGKILLs `process` as soon as its checkpoint `step` is committed in `workdir`; asserts the
+  run was still going (a run that finished first tests no resume)."""
+  marker = os.path.join(workdir, "checkpoints", str(step), "commit_success.txt")
+  deadline = time.monotonic() + 600
+  while not os.path.exists(marker) and process.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.05)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  assert process.returncode == -signal.SIGKILL, "the run finished before it could be killed"

@@ -375,10 +375,8 @@ def test_empty_dataset_is_an_error(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("tiny_model"))
-  toy_task.write_tiny_model(path)
-  return path
+def model_dir(tiny_model_dir):
+  return tiny_model_dir
 
 
 def _cpu_run(name: str, model_dir: str, preset: str = "cpu"):

@@ -46,14 +46,12 @@ class SparseEnv(toy_task.VowelEnv):
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("tiny_model"))
-  toy_task.write_tiny_model(path)
+def model_dir(tiny_model_dir):
   registry.register(SPARSE, envs_base.Task(
       lambda *, seed, every: SparseEnv(seed, every),
       {"single": envs_base.Workflow(("writer",), max_turns=1, fixed_turns=True)},
       lambda v, t, seed: dict(seed=seed)), replace=True)
-  return path
+  return tiny_model_dir
 
 
 @pytest.fixture

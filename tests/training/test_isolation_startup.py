@@ -10,11 +10,9 @@ from marl_jax.training import setup, trainer
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("tiny_model"))
-  toy_task.write_tiny_model(path)
-  toy_task.register()
-  return path
+def model_dir(tiny_model_dir):
+  toy_task.register()  # conftest's registration may have been replaced by another module's
+  return tiny_model_dir
 
 
 @pytest.fixture

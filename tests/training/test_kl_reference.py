@@ -24,12 +24,10 @@ pytestmark = pytest.mark.usefixtures("shared_compiles")  # conftest
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("tiny_model"))
-  toy_task.write_tiny_model(path)
+def model_dir(tiny_model_dir):
   toy_task.register()
   toy_task.register_pair()
-  return path
+  return tiny_model_dir
 
 
 def _config(model_dir: str, kind: str, estimator: str):

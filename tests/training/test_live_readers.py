@@ -30,7 +30,6 @@ from marl_jax.traces import store
 pytestmark = pytest.mark.usefixtures("shared_compiles")  # conftest
 
 STEPS = 16
-WORKER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "resume_worker.py")
 
 
 def _metrics(workdir: str) -> list[dict]:
@@ -53,8 +52,8 @@ def test_exports_and_an_evaluate_beside_a_live_trainer_change_nothing(tmp_path):
   env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir,
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")  # evaluate here reuses its programs
-  proc = subprocess.Popen([sys.executable, WORKER, model, alone, str(STEPS), live], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen([sys.executable, toy_task.WORKER, model, alone, str(STEPS), live],
+                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
   exported = []
 
   def export_latest():

@@ -47,14 +47,12 @@ class _DuoVowels:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("tiny_model"))
-  toy_task.write_tiny_model(path)
+def model_dir(tiny_model_dir):
   registry.register(NAME, envs_base.Task(
       lambda *, seed: _DuoVowels(seed),
       {"duo": envs_base.Workflow(("a", "b"), max_turns=2, fixed_turns=True)},
       lambda v, t, seed: dict(seed=seed)), replace=True)
-  return path
+  return tiny_model_dir
 
 
 def test_magrpo_tree_trains_with_one_node_per_joint_action(model_dir, tmp_path):

@@ -10,10 +10,6 @@ are re-derived in NumPy; lag 0 through the pipeline is the synchronous trainer b
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
 
 import jax
 import numpy as np
@@ -37,11 +33,9 @@ STEPS, PROBLEMS = 4, 2  # toy_config rolls out 2 problems per step
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("tiny_model"))
-  toy_task.write_tiny_model(path)
-  toy_task.register()
-  return path
+def model_dir(tiny_model_dir):
+  toy_task.register()  # conftest's registration may have been replaced by another module's
+  return tiny_model_dir
 
 
 def _config(model_dir: str, lag: int, steps: int = STEPS):
@@ -158,26 +152,13 @@ def test_sigkill_and_restart(model_dir, tmp_path):
   """A lag-1 run killed by SIGKILL after a checkpoint (its rollout thread mid-rollout) resumes
   from it: the in-flight rollout is dropped and made again from the checkpoint's data position
   and version, so every step trains on fresh consecutive seeds and no sample is older than 1."""
-  worker = os.path.join(os.path.dirname(os.path.dirname(__file__)), "resume_worker.py")
   env = dict(os.environ, JAX_PLATFORMS="cpu", WANDB_MODE="disabled",
              XLA_FLAGS=host.SUITE_XLA_FLAGS, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
   workdir = tmp_path / "run"
-
-  def start():
-    return subprocess.Popen([sys.executable, worker, "--max_staleness=1", model_dir,
-                             str(workdir), str(STEPS)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-  killed = start()
-  marker = workdir / "checkpoints" / "2" / "commit_success.txt"
-  deadline = time.monotonic() + 600
-  while not marker.exists() and killed.poll() is None and time.monotonic() < deadline:
-    time.sleep(0.05)
-  killed.send_signal(signal.SIGKILL)
-  killed.wait()
-  assert killed.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+  start = lambda: toy_task.start_worker(model_dir, workdir, STEPS, "--max_staleness=1", env=env)
+  toy_task.kill_after_checkpoint(start(), workdir, 2)
   resumed_at = saved_steps(workdir)[-1]
   assert resumed_at < STEPS
   resumed = start()

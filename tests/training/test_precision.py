@@ -25,11 +25,9 @@ pytestmark = pytest.mark.usefixtures("shared_compiles")  # conftest
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("tiny_model"))
-  toy_task.write_tiny_model(path)
-  toy_task.register()
-  return path
+def model_dir(tiny_model_dir):
+  toy_task.register()  # conftest's registration may have been replaced by another module's
+  return tiny_model_dir
 
 
 def _config(model_dir, steps=1, **precision):

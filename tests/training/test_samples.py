@@ -43,14 +43,12 @@ class ActionPairEnv(toy_task.PairEnv):
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("tiny_model"))
-  toy_task.write_tiny_model(path)
+def model_dir(tiny_model_dir):
   registry.register(ENV, envs_base.Task(
       lambda *, seed: ActionPairEnv(seed),
       {"mas": envs_base.Workflow(("first", "second"), max_turns=1, fixed_turns=True)},
       lambda v, t, seed: dict(seed=seed)), replace=True)
-  return path
+  return tiny_model_dir
 
 
 class Recorder(metrics.MetricWriter):

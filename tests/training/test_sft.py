@@ -31,10 +31,8 @@ pytestmark = pytest.mark.usefixtures("shared_compiles")  # conftest
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("tiny_model"))
-  toy_task.write_tiny_model(path)
-  return path
+def model_dir(tiny_model_dir):
+  return tiny_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -23,16 +21,13 @@ from marl_jax.workflows.rollout import Generation, Sample
 
 pytestmark = pytest.mark.usefixtures("shared_compiles")  # conftest
 
-WORKER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "resume_worker.py")
 STEPS = 4
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("tiny_model"))
-  toy_task.write_tiny_model(path)
-  toy_task.register()
-  return path
+def model_dir(tiny_model_dir):
+  toy_task.register()  # conftest's registration may have been replaced by another module's
+  return tiny_model_dir
 
 
 def _env():
@@ -48,9 +43,7 @@ def _worker(model_dir, workdir):
   env = dict(_env(), JAX_COMPILATION_CACHE_DIR=str(workdir.parent / "xla_cache"),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-  return subprocess.Popen([sys.executable, WORKER, "--engine=continuous", model_dir,
-                           str(workdir), str(STEPS)],
-                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  return toy_task.start_worker(model_dir, workdir, STEPS, "--engine=continuous", env=env)
 
 
 def _by_step(workdir):
@@ -61,14 +54,7 @@ def _by_step(workdir):
 def test_sigkill_and_restart_continues_exactly(model_dir, tmp_path):
   straight = _worker(model_dir, tmp_path / "straight")
   assert straight.wait(timeout=600) == 0, straight.stderr.read().decode()[-2000:]
-  killed = _worker(model_dir, tmp_path / "killed")
-  marker = tmp_path / "killed" / "checkpoints" / "2" / "commit_success.txt"
-  deadline = time.monotonic() + 600
-  while not marker.exists() and killed.poll() is None and time.monotonic() < deadline:
-    time.sleep(0.05)
-  killed.send_signal(signal.SIGKILL)
-  killed.wait()
-  assert killed.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+  toy_task.kill_after_checkpoint(_worker(model_dir, tmp_path / "killed"), tmp_path / "killed", 2)
   resumed = _worker(model_dir, tmp_path / "killed")
   assert resumed.wait(timeout=600) == 0, resumed.stderr.read().decode()[-2000:]
   want, got = _by_step(tmp_path / "straight"), _by_step(tmp_path / "killed")
