@@ -80,3 +80,20 @@ def setup(with_torch: bool) -> tuple[Any, Any, dict[str, Any], list[float]]:
             "jax": jax.__version__, "transformers": transformers.__version__,
             "load_avg_before": os.getloadavg()}
   return model, torch_model, header, compile_log
+
+
+def cpu_header() -> dict[str, Any]:
+  """The CPU and its vector flags (figures change with AVX-512 vs AVX2), cores, load, versions."""
+  import jax
+
+  flags_line = ""
+  with open("/proc/cpuinfo") as f:
+    for line in f:
+      if line.startswith("flags"):
+        flags_line = line
+        break
+  vector = sorted({w for w in flags_line.split() if w.startswith(("avx", "fma", "amx"))})
+  model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                if line.startswith("model name")), platform.processor())
+  return {"cpu": model, "cpu_flags": vector, "cores": os.cpu_count(), "jax": jax.__version__,
+          "load_avg_before": os.getloadavg()}

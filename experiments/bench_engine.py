@@ -61,25 +61,6 @@ _SLOTS = flags.DEFINE_integer("slots", None, "config.engine.slots (default: the 
 _STEPS = flags.DEFINE_integer("decode_steps", None, "config.engine.decode_steps.")
 
 
-def cpu_header() -> dict[str, Any]:
-  """The CPU and its vector flags (figures change with AVX-512 vs AVX2), cores, load, versions."""
-  import platform
-
-  import jax
-
-  flags_line = ""
-  with open("/proc/cpuinfo") as f:
-    for line in f:
-      if line.startswith("flags"):
-        flags_line = line
-        break
-  vector = sorted({w for w in flags_line.split() if w.startswith(("avx", "fma", "amx"))})
-  model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                if line.startswith("model name")), platform.processor())
-  return {"cpu": model, "cpu_flags": vector, "cores": os.cpu_count(), "jax": jax.__version__,
-          "load_avg_before": os.getloadavg()}
-
-
 def build(name: str):
   """(config, trainer Run) of a workload, the engine options overridden by the flags."""
   from marl_jax.training import trainer
@@ -268,7 +249,7 @@ def main(argv):
   import transformers
   from absl import logging
 
-  from experiments.bench_common import compile_seconds_log, load_torch_reference
+  from experiments.bench_common import compile_seconds_log, cpu_header, load_torch_reference
   from marl_jax.training import config as config_lib
 
   logging.set_verbosity(logging.WARNING)

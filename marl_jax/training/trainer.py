@@ -19,8 +19,9 @@ evaluations, 3 and 4 the RL and warm-start mini-batch shuffles, 5 the rollouts' 
 
 Each step is a rollout (`Run.rollout`, host side) and every update of it through the one update
 path (`parallel/update.run`). With `train.max_staleness` = k > 0 the rollouts run on a thread
-beside the learner, step s's sampled with the params of step s - k (`training/pipeline.py`). The static parts of a run come from `training/setup.py`; where RL
-starts from and its KL reference (`loss.kl_coef > 0`), from `training/reference.py`.
+beside the learner, step s's sampled with the params of step s - k (`training/pipeline.py`).
+The static parts of a run come from `training/setup.py`; where RL starts from and its KL
+reference (`loss.kl_coef > 0`), from `training/reference.py`.
 
 Multi-host (SPMD, `parallel/multihost.py`): each process rolls out its contiguous slice of the
 step's problems (and of the eval problems) with its own sampling stream, on a process-local view
@@ -114,7 +115,14 @@ def _step(run: Run, writer, bar, step: int, producer: pipeline.Producer | None) 
   """RL step `step` (its rollout from `producer` in an asynchronous run), its evaluation when
   due, its metrics and its checkpoint."""
   c, workdir = run.c, run.workdir
-  scalars = run.train_step(step, None if producer is None else producer.take(step))
+  if producer is None:
+    scalars = run.train_step(step)
+  else:
+    start = time.monotonic()
+    rolled = producer.take(step)
+    waited = time.monotonic() - start  # the learner's wait for the rollout thread
+    scalars = run.train_step(step, rolled)
+    scalars["time/rollout_wait_s"] = waited
   done = step + 1
   if producer is not None and producer.needed(done):
     producer.publish(done, run.published_params())
@@ -295,7 +303,7 @@ class Run:
     start = time.monotonic()
     if rolled is None:
       rolled = self.rollout(step, self.next_seed, self.params, step)
-    waited_s = time.monotonic() - start
+    rollout_s = time.monotonic() - start  # 0 for a rollout made beforehand
     self.next_seed = rolled.next_seed
     samples = trained_samples(rolled.samples, self.trained_agents, self.c.train.overlong_filter)
     lag = self.c.train.max_staleness
@@ -311,11 +319,11 @@ class Run:
     out = _scalars(metrics, self.spec.agents)
     out.update(_rollout_metrics(rolled.result, self.spec.agents))
     out.update(rolled.metrics)
-    if lag:  # the learner's wait for the rollout besides the rollout's own time
+    if lag:
       out.update(pipeline.staleness_metrics(rolled.samples, step, lag))
-      out.update({"staleness/dropped": float(stale), "time/rollout_wait_s": waited_s})
+      out["staleness/dropped"] = float(stale)
     out.update({"time/rollout_s": rolled.seconds,
-                "time/train_s": time.monotonic() - start - waited_s})
+                "time/train_s": time.monotonic() - start - rollout_s})
     return out
 
   def _shuffles(self, stream: int, step: int) -> np.random.Generator:

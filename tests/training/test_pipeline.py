@@ -98,6 +98,8 @@ def test_lag_one_follows_its_schedule(model_dir, tmp_path, recorded):
   assert metrics[1]["is/ess/writer"] > 1 - 1e-6
   assert all(metrics[s]["is/ess/writer"] < 1 - 1e-4 for s in range(2, STEPS + 1))
   assert "eval/accuracy" in metrics[STEPS]
+  # The first rollout cannot overlap an update: the learner waits for all of it.
+  assert metrics[1]["time/rollout_wait_s"] >= 0.9 * metrics[1]["time/rollout_s"] > 0
   # The thread's timing never changes a number: the same schedule by hand gives the same params.
   by_hand = _by_hand(model_dir, tmp_path / "by_hand", lag=1)
   for a, b in zip(_final_params(tmp_path / "async"), by_hand, strict=True):
