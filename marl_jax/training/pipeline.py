@@ -124,9 +124,9 @@ class Producer:
     self._thread.join()
 
   def needed(self, version: int) -> bool:
-    """Whether a rollout still to come is served by `version` (else publishing it is waste)."""
-    return any(served_version(s, self._first, self._lag) == version
-               for s in range(max(self._first, version), self._steps))
+    """Whether a rollout still to come is served by `version` (else publishing it is waste):
+    a later version v serves step v + k alone (`served_version`), the first one steps first..k."""
+    return version + self._lag < self._steps if version > self._first else version < self._steps
 
   def publish(self, version: int, params: Any) -> None:
     """Hands version `version`'s sampler params (`own_copy`'d) to the producer."""

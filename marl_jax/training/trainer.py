@@ -413,7 +413,7 @@ class Run:
                                self.spec, self.train_policy, params, self.rollout_cfg))
         seed += n
         if not self.dynamic:
-          return Rolled(step, version, results[0].samples, results[0], {}, seed,
+          return Rolled(step, results[0].samples, results[0], {}, seed,
                         time.monotonic() - start)
         qualifying.append(refill.qualifying_problems(
             results[-1].samples, self.advantage.group_by, self.advantage.alpha))
@@ -427,7 +427,7 @@ class Run:
     every = RolloutResult([s for r in results for s in r.samples],
                           [e for r in results for e in r.episodes],
                           sum(r.safety_events for r in results))
-    return Rolled(step, version, samples, every, metrics, seed, time.monotonic() - start)
+    return Rolled(step, samples, every, metrics, seed, time.monotonic() - start)
 
   def published_params(self) -> Any:
     """The current params as an asynchronous run's producer samples with them: `params`, with
@@ -450,7 +450,6 @@ class Run:
 class Rolled:
   """One step's rollout as the learner takes it (`Run.rollout`)."""
   step: int
-  version: int  # the policy version that sampled it
   samples: list[Sample]  # those the step trains on (dynamic sampling: the selected problems')
   result: RolloutResult  # every rollout of the step, for the metrics
   metrics: dict[str, float]  # dynamic sampling's refill metrics
