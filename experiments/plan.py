@@ -2,7 +2,8 @@ r"""Plans a paper-scale run without the hardware: memory per device, FLOPs, step
 
     python -m experiments.plan --config=configs/atgrpo_math.py:mas_shared --devices=8 \
         [--mesh=1,8,1] [--device=h100|v5e|v4|<GiB>] [--mfu=0.4] [--peak_tflops=989] \
-        [--prompt_tokens=512]
+        [--hbm_gbps=3350] [--prompt_tokens=512] [--config.train.rollout_devices=R] \
+        [--link_gbps=450]
 
 N fake CPU devices: `main` sets XLA_FLAGS=--xla_force_host_platform_device_count=N (and
 JAX_PLATFORMS=cpu) before jax first initialises its backend (importing jax does not), then checks
@@ -30,13 +31,22 @@ of `policies.param_specs`, so nothing of the model's size is allocated; each pro
               decode call over `engine.slots` rows and the engine's K/V pool (`engine_program`),
               and the report's `engine` section sizes that pool at the config's scale.
 
+Asynchronous RL (`train.max_staleness`, `training/pipeline.py`): with
+--config.train.rollout_devices=R the learner's programs are planned on the first N - R devices
+(--mesh for them) and the rollout's on the last R (FSDP over them, holding the sampler's compute
+copy alone), as the trainer places them, and the JSON holds two reports, `synchronous` (one
+device set) and `asynchronous` (the split), and their ratio `predicted_speedup`; each report's
+`schedule` gives rollout, update and hand-off seconds and the step under each schedule.
+
 Memory: XLA's `memory_analysis` of each compiled program per device (arguments + outputs -
 aliased + temporaries + code); the sampler programs count the whole train state resident
 during the rollout (params, optimizer state, frozen base, KL reference) instead of their param
 arguments. FLOPs: matmul FLOPs per device counted from the traced program, loops
 times their trip counts (XLA's `cost_analysis` counts a loop body once, so it is reported as
 `xla_flops` only). Seconds = FLOPs / (mfu x peak), the peak by default the device's dense bf16
-one whatever the config's dtype. Prints JSON on stdout, a table on stderr, and
+one whatever the config's dtype; decode takes at least its HBM time (`hbm_seconds`: each step
+reads every weight and the rows' K/V, `hbm_bytes_per_step`), which at RL's row counts is far
+above its FLOP time. Prints JSON on stdout, a table on stderr, and
 exits 1 with one line when the config does not fit the device memory.
 
 Measured (2-core CPU, load ~2): Qwen3-1.7B AT-GRPO math (`mas_shared`, 2048 samples of 512 +
@@ -50,6 +60,7 @@ it when it grows.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
@@ -84,8 +95,11 @@ from marl_jax.training import config as config_lib
 from marl_jax.training import preflight
 from marl_jax.training import setup as setup_lib
 
-# name -> (memory GiB, dense bf16 peak TFLOP/s per device)
-DEVICES = {"h100": (80.0, 989.0), "v5e": (16.0, 197.0), "v4": (32.0, 275.0)}
+# name -> (memory GiB, dense bf16 peak TFLOP/s, HBM GB/s, device-to-device GB/s one way; None:
+# not published per chip) per device, from the vendors' spec sheets (H100 SXM: NVLink 900 GB/s
+# both ways; v5e: ICI 400 GB/s both ways).
+DEVICES = {"h100": (80.0, 989.0, 3350.0, 450.0), "v5e": (16.0, 197.0, 819.0, 200.0),
+           "v4": (32.0, 275.0, 1200.0, None)}
 GIB = 2**30
 
 cli.check_flagfiles(sys.argv)  # config_flags reads flag files at definition
@@ -101,6 +115,10 @@ _PEAK = flags.DEFINE_float("peak_tflops", None, "Peak TFLOP/s per device; defaul
                            "dense bf16 peak (a number of GiB for --device needs this).")
 _PROMPT = flags.DEFINE_integer("prompt_tokens", 512, "Prompt tokens per sample (the config does "
                                "not bound them).")
+_HBM = flags.DEFINE_float("hbm_gbps", None, "HBM GB/s per device; default: the device's (none for "
+                          "a number of GiB: decode is then bounded by FLOPs alone).")
+_LINK = flags.DEFINE_float("link_gbps", None, "Device-to-device GB/s one way, for the weight "
+                           "hand-off of config.train.rollout_devices; default: the device's.")
 flags.mark_flag_as_required("config")
 
 
@@ -111,14 +129,22 @@ class Target:
   memory_bytes: int
   peak_flops: float
   mfu: float
+  hbm_bytes_per_s: float | None = None  # None: decode bounded by FLOPs alone
+  link_bytes_per_s: float | None = None  # one way, device to device
 
 
-def parse_target(device: str, peak_tflops: float | None, mfu: float) -> Target:
-  """--device / --peak_tflops / --mfu -> Target; bad values raise UserInputError."""
+def parse_target(device: str, peak_tflops: float | None, mfu: float,
+                 hbm_gbps: float | None = None, link_gbps: float | None = None) -> Target:
+  """--device / --peak_tflops / --mfu / --hbm_gbps / --link_gbps -> Target; bad values raise
+  UserInputError."""
   if not 0 < mfu <= 1:
     raise UserInputError(f"--mfu={mfu}; expected a fraction in (0, 1]")
+  for name, value in (("hbm_gbps", hbm_gbps), ("link_gbps", link_gbps)):
+    if value is not None and value <= 0:
+      raise UserInputError(f"--{name}={value}; expected a positive GB/s")
+  hbm = link = None
   if device in DEVICES:
-    gib, peak = DEVICES[device]
+    gib, peak, hbm, link = DEVICES[device]
   else:
     try:
       gib, peak = float(device), None
@@ -131,7 +157,10 @@ def parse_target(device: str, peak_tflops: float | None, mfu: float) -> Target:
   if peak is None or peak <= 0:
     raise UserInputError(f"--peak_tflops={peak_tflops}; expected a positive TFLOP/s (needed with "
                          f"--device={device})")
-  return Target(device, int(gib * GIB), peak * 1e12, mfu)
+  hbm = hbm_gbps if hbm_gbps is not None else hbm
+  link = link_gbps if link_gbps is not None else link
+  return Target(device, int(gib * GIB), peak * 1e12, mfu, None if hbm is None else hbm * 1e9,
+                None if link is None else link * 1e9)
 
 
 def parse_mesh(text: str) -> tuple[int, int, int]:
@@ -344,16 +373,17 @@ class Setup:
 
 
 def setup(c: ml_collections.ConfigDict, mesh_sizes: tuple[int, int, int],
-          prompt_tokens: int) -> Setup:
-  """The checked config's team, mesh, batch shape, TrainConfig and stand-in samples; bad values
-  raise UserInputError."""
+          prompt_tokens: int, devices: list[jax.Device] | None = None) -> Setup:
+  """The checked config's team, mesh over `devices` (default: all), batch shape, TrainConfig
+  and stand-in samples; bad values raise UserInputError."""
   if prompt_tokens < 1:
     raise UserInputError(f"--prompt_tokens={prompt_tokens}; expected an int >= 1")
+  devices = jax.devices() if devices is None else devices
   try:
     built = config_lib.build(c)
-    sizes = config_lib.mesh_shape(tuple(mesh_sizes), jax.device_count())
+    sizes = config_lib.mesh_shape(tuple(mesh_sizes), len(devices))
     preflight.check_mini_batch(c, sizes)
-    mesh = mesh_lib.make_mesh(*sizes)
+    mesh = mesh_lib.make_mesh(*sizes, devices=devices)
     policy = policy_config(c, built)
   except UserInputError:
     raise
@@ -397,8 +427,15 @@ def abstract_targets(s: Setup, fns: TrainFns, batch: Any) -> Any:
 def plan(c: ml_collections.ConfigDict, mesh_sizes: tuple[int, int, int], target: Target, *,
          prompt_tokens: int) -> dict[str, Any]:
   """The report (module docstring) of config `c` on a (data, fsdp, tensor) mesh of the current
-  devices. Bad config values raise UserInputError."""
-  s = setup(c, mesh_sizes, prompt_tokens)
+  devices, or with `train.rollout_devices` R > 0 of the learner on the first N - R devices and
+  the rollout on the last R (`schedule`). Bad config values raise UserInputError."""
+  rollout_devices = c.train.rollout_devices
+  learner, rollout = config_lib.split_devices(rollout_devices, jax.devices())
+  if rollout_devices and target.link_bytes_per_s is None:
+    raise UserInputError(f"config.train.rollout_devices={rollout_devices} needs the link speed "
+                         f"of --device={target.name}; expected --link_gbps (device-to-device "
+                         "GB/s one way)")
+  s = setup(c, mesh_sizes, prompt_tokens, learner)
   mesh, policy, cfg, samples = s.mesh, s.policy, s.train, s.samples
   update, updates = update_samples(s, c.train.mini_batch_size)
   batch = abstract_batch(s, c.train.share_prompts, update)
@@ -412,32 +449,70 @@ def plan(c: ml_collections.ConfigDict, mesh_sizes: tuple[int, int, int], target:
     reference = copy_bytes(state.params["policy"], policy.compute_dtype, head=False)
   train["peak_bytes"] += reference
   # During a rollout the sampler reads a compute copy of the trainable params and of the frozen
-  # base's head (`policies.sampler_copy`), beside the whole train state.
-  sampler_copy = sum(copy_bytes(t, policy.compute_dtype, head=True, cast_only=True)
-                     for t in (state.params, frozen))
-  resident = device_bytes(state) + device_bytes(frozen) + reference + sampler_copy
+  # base's head (`policies.sampler_copy`), beside the whole train state; on rollout devices of
+  # its own, the copy alone (every leaf a new buffer there), FSDP-sharded over them.
+  rollout_mesh, handoff = mesh, 0
+  if rollout_devices:
+    rollout_mesh = mesh_lib.make_mesh(1, rollout_devices, 1, devices=rollout)
+    r_trainable, r_frozen = abstract_params(policy, rollout_mesh)
+    resident = sum(copy_bytes(t, policy.compute_dtype, head=True) for t in (r_trainable, r_frozen))
+    # Each version's trainable copy leaves each learner device and reaches each rollout device.
+    handoff = max(copy_bytes(state.params, policy.compute_dtype, head=True),
+                  copy_bytes(r_trainable, policy.compute_dtype, head=True))
+  else:
+    sampler_copy = sum(copy_bytes(t, policy.compute_dtype, head=True, cast_only=True)
+                       for t in (state.params, frozen))
+    resident = device_bytes(state) + device_bytes(frozen) + reference + sampler_copy
   programs = {"train_step": train}
-  programs.update(sampler_programs(c, policy.models[0], mesh, s.built.spec.max_turns,
+  programs.update(sampler_programs(c, policy.models[0], rollout_mesh, s.built.spec.max_turns,
                                    prompt_tokens, resident))
   engine = None
   if c.rollout.engine == "continuous":  # its decode replaces the static sampler's
-    engine = engine_program(c, s.built, policy.models[0], mesh, prompt_tokens, resident)
+    engine = engine_program(c, s.built, policy.models[0], rollout_mesh, prompt_tokens, resident)
     programs["decode"] = engine.pop("decode")
   for p in programs.values():
     p["seconds"] = p["flops"] / (target.mfu * target.peak_flops)
+  decode = programs["decode"]
+  decode["hbm_seconds"] = None
+  if target.hbm_bytes_per_s is not None:  # each step reads its weights and K/V once
+    decode["hbm_seconds"] = decode["steps"] * decode["bytes_per_step"] / target.hbm_bytes_per_s
+    decode["seconds"] = max(decode["seconds"], decode["hbm_seconds"])
   needed = max(p["peak_bytes"] for p in programs.values())
   return dict(
       config=c.name, model=c.model, param_dtype=c.param_dtype, compute_dtype=compute_dtype(c),
       policy=c.policy.kind,
       mesh=dict(mesh.shape), devices=jax.device_count(), device=target.name,
+      rollout_mesh=dict(rollout_mesh.shape) if rollout_devices else None,
       device_bytes=target.memory_bytes, mfu=target.mfu, peak_tflops=target.peak_flops / 1e12,
       train_batch=dict(samples=len(samples), response=list(batch_leaf(batch, "response").shape),
                        prompt=list(batch_leaf(batch, "prompt").shape)),
       params_bytes=device_bytes(state.params), opt_state_bytes=device_bytes(state.opt_state),
       frozen_bytes=device_bytes(frozen), reference_bytes=reference, programs=programs,
-      engine=engine,
+      engine=engine, schedule=schedule(programs, handoff, rollout_devices > 0, target),
       step_seconds=sum(p["seconds"] for p in programs.values()),
       needed_bytes=needed, fits=needed <= target.memory_bytes)
+
+
+def schedule(programs: dict[str, Any], handoff_bytes: int, split: bool,
+             target: Target) -> dict[str, Any]:
+  """Seconds per RL step, synchronous and asynchronous (`train.max_staleness` >= 1).
+
+  On one device set the rollout's and the update's device work take turns either way (the
+  asynchronous gain there is host-side work, env and sandbox time, which this plan does not
+  model), so both are rollout + update. On split sets the two overlap: a step takes the slower
+  of the two, plus the hand-off of each version's weights (per device: the larger of a learner's
+  and a rollout device's share of the trainable compute copy, over the one-way link), counted on
+  the step's path; synchronously on the same split they run one after the other."""
+  rollout = programs["prefill"]["seconds"] + programs["decode"]["seconds"]
+  train = programs["train_step"]["seconds"]
+  out = dict(rollout_seconds=rollout, train_seconds=train, handoff_bytes=handoff_bytes,
+             handoff_seconds=0.0, synchronous_seconds=rollout + train,
+             asynchronous_seconds=rollout + train)
+  if split:
+    out["handoff_seconds"] = handoff_bytes / target.link_bytes_per_s
+    out["synchronous_seconds"] += out["handoff_seconds"]
+    out["asynchronous_seconds"] = max(rollout, train) + out["handoff_seconds"]
+  return out
 
 
 def batch_leaf(batch: Any, field: str) -> Any:
@@ -497,15 +572,31 @@ def sampler_programs(c: ml_collections.ConfigDict, config: ModelConfig, mesh: ja
   decode["flops"] = setup_lib.largest_budget(c) * matmul_flops(
       jax.jit(decode_step).trace(params, ints(rows, 1), ints(rows, 1), cache).jaxpr)
   decode["xla_flops"] = None  # loops: XLA counts each body once
+  decode["steps"] = setup_lib.largest_budget(c)
+  decode["bytes_per_step"] = hbm_bytes_per_step(params, tree_bytes(cache), mesh)
   out = {"prefill": analyse(prefill, params, prompt, mask), "decode": decode}
   for p in out.values():
     p["peak_bytes"] += resident - param_bytes
+    p["resident_bytes"] = resident
     # Traced at global shapes: the whole call's FLOPs, spread over the mesh at best.
     p["flops_total"] = p["flops"]
     p["flops"] = p["flops"] // mesh.size
   out["prefill"]["shape"] = dict(prompts=unique, width=width)
   out["decode"]["shape"] = dict(rows=rows, cache=width + slots, steps=setup_lib.largest_budget(c))
   return out
+
+
+def tree_bytes(tree: Any) -> int:
+  """Bytes of a whole (abstract) tree, over every device."""
+  return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def hbm_bytes_per_step(params: Any, kv_bytes: int, mesh: jax.sharding.Mesh) -> int:
+  """HBM bytes a device reads in one decode step, at least: every weight (each device computes
+  its rows with the whole model, gathered from the FSDP shards) and its share of the rows' K/V
+  at their longest, the rows spread over the mesh at best as the FLOPs are. The all-gathers
+  themselves are not counted: a lower bound."""
+  return tree_bytes(params) + kv_bytes // mesh.size
 
 
 def row_keys(n: int) -> Any:
@@ -558,7 +649,11 @@ def engine_program(c: ml_collections.ConfigDict, built: config_lib.Built, config
   decode["flops"] = budget * matmul_flops(
       jax.jit(functools.partial(step, steps=1)).trace(*args).jaxpr) // mesh.size
   decode["xla_flops"] = None  # a while loop: XLA counts its body once
+  decode["steps"] = budget
+  decode["bytes_per_step"] = hbm_bytes_per_step(
+      params, o.slots * (prompt_tokens + budget) * per_token, mesh)
   decode["peak_bytes"] += resident - device_bytes(params)
+  decode["resident_bytes"] = resident
   decode["shape"] = dict(rows=B, table_pages=P, steps_per_call=o.decode_steps)
   return dict(
       bytes_per_token=per_token, page_size=o.page_size, slots=o.slots, pool_tokens=tokens,
@@ -590,6 +685,12 @@ def table(report: dict[str, Any]) -> str:
                  f"pool {e['pool_bytes'] / GIB:.2f} GiB ({e['pool_tokens']} tokens), every slot "
                  f"at its longest {e['needed_bytes'] / GIB:.2f} GiB, the static sampler's cache "
                  f"{e['static_cache_bytes'] / GIB:.2f} GiB")
+  t = report["schedule"]
+  where = (f"learner mesh {report['mesh']}, rollout mesh {report['rollout_mesh']}"
+           if report["rollout_mesh"] else "one device set")
+  lines.append(f"step ({where}): synchronous {t['synchronous_seconds']:.3g} s, asynchronous "
+               f"{t['asynchronous_seconds']:.3g} s (rollout {t['rollout_seconds']:.3g}, update "
+               f"{t['train_seconds']:.3g}, hand-off {t['handoff_seconds']:.3g})")
   lines.append(f"params {report['params_bytes'] / GIB:.2f} GiB, optimizer "
                f"{report['opt_state_bytes'] / GIB:.2f} GiB, frozen "
                f"{report['frozen_bytes'] / GIB:.2f} GiB per device; fits "
@@ -604,12 +705,22 @@ def main(argv):
   if jax.device_count() != _DEVICES.value:
     raise UserInputError(f"--devices={_DEVICES.value} but jax already runs on "
                          f"{jax.device_count()} devices; run plan in a fresh process")
-  target = parse_target(_DEVICE.value, _PEAK.value, _MFU.value)
+  target = parse_target(_DEVICE.value, _PEAK.value, _MFU.value, _HBM.value, _LINK.value)
   c = _CONFIG.value
   mesh = parse_mesh(_MESH.value) if _MESH.value else tuple(c.train.mesh)
-  report = plan(c, mesh, target, prompt_tokens=_PROMPT.value)
-  print(json.dumps(report, indent=1))
+  report = out = plan(c, mesh, target, prompt_tokens=_PROMPT.value)
+  if c.train.rollout_devices:  # beside the one device set, planned in the same process
+    shared = copy.deepcopy(c)
+    shared.train.rollout_devices = 0
+    together = plan(shared, mesh, target, prompt_tokens=_PROMPT.value)
+    out = dict(synchronous=together, asynchronous=report,
+               predicted_speedup=(together["schedule"]["synchronous_seconds"]
+                                  / report["schedule"]["asynchronous_seconds"]))
+    print(table(together), file=sys.stderr)
+  print(json.dumps(out, indent=1))
   print(table(report), file=sys.stderr)
+  if c.train.rollout_devices:
+    print(f"predicted asynchronous speedup: {out['predicted_speedup']:.3g}x", file=sys.stderr)
   if not report["fits"]:
     raise UserInputError(no_fit_line(report))
 

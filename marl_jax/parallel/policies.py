@@ -82,8 +82,12 @@ def trainable_specs(cfg: PolicyConfig, trainable: Params, fsdp_size: int) -> Any
 def param_specs(cfg: PolicyConfig, trainable: Params, frozen: Params,
                 fsdp_size: int) -> tuple[Any, Any]:
   """FSDP PartitionSpecs of (trainable, frozen) params."""
-  frozen_specs = {"base": sharding.model_specs(frozen["base"], fsdp_size)} if frozen else {}
-  return trainable_specs(cfg, trainable, fsdp_size), frozen_specs
+  return trainable_specs(cfg, trainable, fsdp_size), frozen_specs(frozen, fsdp_size)
+
+
+def frozen_specs(frozen: Params, fsdp_size: int) -> Any:
+  """FSDP PartitionSpecs of the frozen params (a LoRA team's base model; {} for none)."""
+  return {"base": sharding.model_specs(frozen["base"], fsdp_size)} if frozen else {}
 
 
 def _one_model(params, model_specs, config, batch, adapters, remat: bool):

@@ -68,6 +68,10 @@ class TrainSettings:
     max_staleness: asynchronous RL's bound k (`training/pipeline.py`): step s trains on a
       rollout sampled with the params of k steps before (version s - k) while the learner
       updates; 0: synchronous, each rollout sampled with the params it trains.
+    rollout_devices: R > 0 puts the rollouts (the engines and the params they sample with) on
+      the last R devices and the learner (`mesh`, over the rest) on the others, each version's
+      params handed over by `device_put`; 0: both on every device (`training/config.py`
+      `split_devices`).
   """
   steps: int = 200
   micro_batches: int = 1
@@ -86,12 +90,16 @@ class TrainSettings:
   learner_temperature: float | None = None
   agent_grad_norms: bool = False
   max_staleness: int = 0
+  rollout_devices: int = 0
 
   def __post_init__(self):
     object.__setattr__(self, "mesh", tuple(self.mesh))
     for name in ("steps", "micro_batches", "epochs"):
       if not _int(getattr(self, name), 1):
         raise ValueError(f"{name}={getattr(self, name)!r}; expected an integer >= 1")
+    if not _int(self.rollout_devices, 0):
+      raise ValueError(f"rollout_devices={self.rollout_devices!r}; expected an integer >= 0 "
+                       "(0: rollouts and updates share the devices)")
     if not _int(self.max_staleness, 0):
       raise ValueError(f"max_staleness={self.max_staleness!r}; expected an integer >= 0 "
                        "(0: synchronous)")

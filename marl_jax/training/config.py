@@ -401,3 +401,21 @@ def mesh_shape(requested: tuple[int, int, int], num_devices: int) -> tuple[int, 
                      f"{num_devices} available devices; expected sizes whose product is "
                      f"{num_devices} (or -1 for one of them)")
   return tuple(sizes)
+
+
+@_user_errors
+def split_devices(rollout_devices: int, devices: Sequence[Any], processes: int = 1
+                  ) -> tuple[list[Any], list[Any]]:
+  """(learner devices, rollout devices) of config.train.rollout_devices = R: the last R devices
+  roll out, the others learn (`config.train.mesh` spans them); 0: both use every device."""
+  devices = list(devices)
+  if rollout_devices == 0:
+    return devices, devices
+  if processes > 1:
+    raise ValueError(f"config.train.rollout_devices={rollout_devices} runs in one process, got "
+                     f"{processes}; expected 0 (rollouts and updates share the devices)")
+  if not 0 < rollout_devices < len(devices):
+    raise ValueError(f"config.train.rollout_devices={rollout_devices}; expected 0 (rollouts and "
+                     f"updates share the devices) or 1..{len(devices) - 1} of the "
+                     f"{len(devices)} devices")
+  return devices[:-rollout_devices], devices[-rollout_devices:]

@@ -25,8 +25,9 @@ def check(c: ml_collections.ConfigDict, workdir: str) -> config_lib.Built:
   """Everything about the run's inputs that can be checked before loading; returns the built
   config. Raises UserInputError naming the bad value."""
   built = config_lib.build(c)
-  check_mini_batch(c, config_lib.mesh_shape(tuple(c.train.mesh), jax.device_count()))
   procs = jax.process_count()
+  learner, _ = config_lib.split_devices(c.train.rollout_devices, jax.devices(), procs)
+  check_mini_batch(c, config_lib.mesh_shape(tuple(c.train.mesh), len(learner)))
   if refill.enabled(c, built.advantage) and procs > 1:
     raise UserInputError(f"DAPO dynamic sampling (config.rollout.max_refills="
                          f"{c.rollout.max_refills} with algo.filter='zero_variance') runs on one "

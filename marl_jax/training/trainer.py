@@ -55,7 +55,7 @@ from absl import logging
 
 from marl_jax.algos.batch import BatchShape
 from marl_jax.errors import UserInputError
-from marl_jax.parallel import distributed, layouts, multihost, policies, update
+from marl_jax.parallel import distributed, layouts, multihost, policies, sharding, update
 from marl_jax.parallel import mesh as mesh_lib
 from marl_jax.parallel.train_step import make_train_step
 from marl_jax.sandbox import runner as sandbox
@@ -200,8 +200,14 @@ class Run:
     self.spec = built.spec
     self.trained_agents = config_lib.trained_agents(c, built.spec)
     self.policy, base, self.tokenizers = setup.load_team(c, built)
-    shape = config_lib.mesh_shape(tuple(c.train.mesh), jax.device_count())
-    self.mesh = mesh_lib.make_mesh(*shape)
+    learner, rollout_devices = config_lib.split_devices(c.train.rollout_devices, jax.devices(),
+                                                        jax.process_count())
+    shape = config_lib.mesh_shape(tuple(c.train.mesh), len(learner))
+    self.mesh = mesh_lib.make_mesh(*shape, devices=learner)
+    # Rollout devices of their own (train.rollout_devices): the sampler's params are FSDP-sharded
+    # over them, and the engines, which follow their params, run there.
+    self.rollout_mesh = (mesh_lib.make_mesh(1, len(rollout_devices), 1, devices=rollout_devices)
+                         if c.train.rollout_devices else None)
     # Each process builds its own rows of the batch: 1/processes of the rows, the same minimum.
     procs = jax.process_count()
     shards = mesh_lib.batch_shards(self.mesh) * c.train.micro_batches
@@ -229,8 +235,8 @@ class Run:
     # the learner's evaluations take turns.
     self.engine_lock = threading.Lock()
     self.samples_table = None  # the last train step's samples table rows (`training/samples.py`)
-    self.local_frozen = policies.sampler_copy(  # never donated
-        self.policy, multihost.process_local(self.frozen, self.mesh))
+    self.local_frozen = self._for_rollouts(policies.sampler_copy(  # never donated
+        self.policy, multihost.process_local(self.frozen, self.mesh)), frozen=True)
     self.state = self.fns.init(trainable)
     self.rollout_cfg = RolloutConfig(mode=c.rollout.mode, k=c.rollout.k,
                                      tool_timeout_s=c.rollout.tool_timeout_s,
@@ -261,10 +267,21 @@ class Run:
   def params(self):
     """(trainable, frozen) for the sampler, on this process's devices (`multihost.process_local`)
     as compute copies (`policies.sampler_copy`: bf16 under bf16 compute, made once per rollout;
-    in fp32 compute the train state's own arrays). Valid until the next train step (which donates
+    in fp32 compute the train state's own arrays), or on the rollout devices of
+    `train.rollout_devices` (copies there). Valid until the next train step (which donates
     them); `published_params` outlives it."""
     local = multihost.process_local(self.state.params, self.mesh)
-    return policies.sampler_copy(self.policy, local), self.local_frozen
+    return self._for_rollouts(policies.sampler_copy(self.policy, local)), self.local_frozen
+
+  def _for_rollouts(self, params: Any, frozen: bool = False) -> Any:
+    """Trainable (or `frozen`) sampler params on the rollout devices, FSDP-sharded over them
+    (`rollout_mesh`): the hand-off of a version, device to device; as they are without one."""
+    if self.rollout_mesh is None:
+      return params
+    fsdp = self.rollout_mesh.shape[mesh_lib.FSDP]
+    specs = (policies.frozen_specs(params, fsdp) if frozen
+             else policies.trainable_specs(self.policy, params, fsdp))
+    return sharding.put(params, self.rollout_mesh, specs)
 
   def evaluate(self, step: int, split: str = "eval") -> dict[str, float]:
     """Evaluation metrics `{split}/...` and traces `traces/{split}_step{step}...jsonl`
@@ -433,6 +450,8 @@ class Run:
     """The current params as an asynchronous run's producer samples with them: `params`, with
     the leaves the next update donates copied (`pipeline.own_copy`)."""
     trainable, frozen = self.params
+    if self.rollout_mesh is not None:  # a copy on other devices already
+      return trainable, frozen
     return pipeline.own_copy(trainable, self.state.params), frozen
 
   def _global_batch(self, batch: Any, shape: BatchShape) -> Any:

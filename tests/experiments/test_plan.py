@@ -17,6 +17,7 @@ import pytest
 from configs import atgrpo_plan_path
 from experiments import plan
 from marl_jax.errors import UserInputError
+from marl_jax.models import decoder, precision
 from marl_jax.models.config import get_preset
 from marl_jax.parallel import layouts, policies
 from marl_jax.parallel.train_step import make_train_step
@@ -182,6 +183,21 @@ def test_bad_targets_are_refused(args, needle):
     plan.parse_target(*args)
 
 
+def test_bad_rollout_splits_are_refused_before_planning():
+  cpu_devices(8)
+  c = tiny_config()
+  c.train.rollout_devices = 8
+  h100 = plan.parse_target("h100", None, 0.4)
+  with pytest.raises(UserInputError, match=r"rollout_devices=8; expected 0 .* or 1..7 of the 8 "):
+    plan.plan(c, (1, -1, 1), h100, prompt_tokens=PROMPT)
+  c.train.rollout_devices = 2
+  custom = plan.parse_target("12", 100.0, 0.4)
+  with pytest.raises(UserInputError, match=r"rollout_devices=2 needs .* expected --link_gbps"):
+    plan.plan(c, (1, -1, 1), custom, prompt_tokens=PROMPT)
+  with pytest.raises(UserInputError, match=r"--hbm_gbps=0.0; expected a positive GB/s"):
+    plan.parse_target("h100", None, 0.4, hbm_gbps=0.0)
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess:
   return subprocess.run(
       [sys.executable, "-m", "experiments.plan", "--config=configs/atgrpo_plan_path.py:cpu",
@@ -191,11 +207,42 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_cli_plans_on_fake_devices_and_refuses_what_does_not_fit():
-  fits = run_cli("--device=v5e")
+  fits = run_cli("--device=v5e", "--devices=2", "--config.train.rollout_devices=1")
   assert fits.returncode == 0, fits.stderr
-  report = json.loads(fits.stdout)
-  assert report["devices"] == 4 and report["fits"] is True
+  both = json.loads(fits.stdout)
+  report, split = both["synchronous"], both["asynchronous"]
+  assert report["devices"] == 2 and report["fits"] is True
   assert set(report["programs"]) == {"train_step", "prefill", "decode"}
+  # The asynchronous plan: the learner on one device, the rollout on the other.
+  assert report["rollout_mesh"] is None and report["mesh"] == {"data": 2, "fsdp": 1, "tensor": 1}
+  assert split["mesh"] == split["rollout_mesh"] == {"data": 1, "fsdp": 1, "tensor": 1}
+  # v5e (its spec sheet): 819 GB/s of HBM, 400 GB/s of ICI both ways; 16 new tokens per reply.
+  for r in (report, split):
+    d, t = r["programs"]["decode"], r["schedule"]
+    assert d["steps"] == 16
+    assert d["hbm_seconds"] == pytest.approx(16 * d["bytes_per_step"] / 819e9, rel=1e-12)
+    assert d["seconds"] == max(d["hbm_seconds"], d["flops"] / (0.4 * 197e12))
+    assert t["rollout_seconds"] == r["programs"]["prefill"]["seconds"] + d["seconds"]
+    assert t["train_seconds"] == r["programs"]["train_step"]["seconds"]
+  t = report["schedule"]  # one device set: the two take turns under either schedule
+  assert t["handoff_bytes"] == 0
+  assert t["asynchronous_seconds"] == t["synchronous_seconds"] == (t["rollout_seconds"]
+                                                                   + t["train_seconds"])
+  t = split["schedule"]
+  assert t["handoff_bytes"] > 0
+  assert t["handoff_seconds"] == pytest.approx(t["handoff_bytes"] / 200e9, rel=1e-12)
+  assert t["asynchronous_seconds"] == pytest.approx(
+      max(t["rollout_seconds"], t["train_seconds"]) + t["handoff_seconds"], rel=1e-12)
+  assert both["predicted_speedup"] == pytest.approx(
+      report["schedule"]["synchronous_seconds"] / t["asynchronous_seconds"], rel=1e-12)
+  # The rollout device holds the sampler's bf16 copy of the whole (shared) model alone; on one
+  # device set the train state sits beside the copy.
+  copy = jax.eval_shape(lambda: precision.compute_copy(
+      decoder.init_params(get_preset("tiny-llama"), jax.random.key(0)), "bfloat16", head=True))
+  assert split["programs"]["decode"]["resident_bytes"] == sum(
+      x.size * x.dtype.itemsize for x in jax.tree.leaves(copy))
+  assert report["programs"]["decode"]["resident_bytes"] > (
+      report["params_bytes"] + report["opt_state_bytes"])
   too_small = run_cli("--device=0.001", "--peak_tflops=1")
   assert too_small.returncode == 1
   last = too_small.stderr.strip().splitlines()[-1]

@@ -124,6 +124,32 @@ def test_lag_zero_through_the_pipeline_is_the_synchronous_trainer(model_dir, tmp
     np.testing.assert_array_equal(a, b)
 
 
+def test_rollouts_on_devices_of_their_own(model_dir, tmp_path):
+  """train.rollout_devices=4 of 8: the learner's state lives on the first four devices, each
+  version's sampler params are handed to the last four (the engine follows its params there),
+  and those devices sample what a run whose rollouts share the learner's devices samples."""
+  devices = host.cpu_devices(8)
+  c = _config(model_dir, lag=1, steps=2)
+  c.train.rollout_devices = 4
+  trainer.train(c, str(tmp_path / "split"))  # end to end: the rollout thread and the hand-offs
+  metrics = _by_step(tmp_path / "split")
+  assert metrics[2]["staleness/frac_1"] == 1.0 and "eval/accuracy" in metrics[2]
+  split = trainer.Run(c, str(tmp_path / "split_run"))
+  shared = trainer.Run(_config(model_dir, lag=1, steps=2), str(tmp_path / "shared"))
+  assert dict(split.mesh.shape) == {"data": 4, "fsdp": 1, "tensor": 1}
+  assert all(x.devices() <= set(devices[:4]) for x in jax.tree.leaves(split.state))
+  params = split.published_params()
+  assert all(x.devices() <= set(devices[4:]) for x in jax.tree.leaves(params))
+  ours = split.rollout(0, 0, params, 0).samples
+  theirs = shared.rollout(0, 0, shared.published_params(), 0).samples
+  # The same replies, their log-probs to fp32 rounding: FSDP over 4 devices instead of 8 splits
+  # the weights' contractions into other partial sums.
+  assert [s.generation.token_ids for s in ours] == [s.generation.token_ids for s in theirs]
+  np.testing.assert_allclose(np.concatenate([s.generation.logprobs for s in ours]),
+                             np.concatenate([s.generation.logprobs for s in theirs]),
+                             rtol=1e-5, atol=1e-6)
+
+
 def test_a_failed_rollout_stops_the_run_with_its_error(model_dir, tmp_path, monkeypatch):
   """The producer's error reaches the learner, which stops; what was trained is checkpointed,
   and a resume restarts the pipeline from the checkpoint's version and data position."""
@@ -219,10 +245,25 @@ def test_importance_metrics_match_numpy():
     ("max_staleness", -1, r"max_staleness=-1; expected an integer >= 0 \(0: synchronous\)"),
     ("max_staleness", 1.5, r"max_staleness=1.5; expected an integer >= 0"),
     ("max_staleness", True, r"max_staleness=True; expected an integer >= 0"),
+    ("rollout_devices", -1, r"rollout_devices=-1; expected an integer >= 0 \(0: rollouts and "),
+    ("rollout_devices", 2.0, r"rollout_devices=2.0; expected an integer >= 0"),
 ])
 def test_max_staleness_values_are_checked(field, value, message):
   with pytest.raises(ValueError, match=message):
     TrainSettings(**{field: value, "recompute_old_logp": True})
+
+
+def test_split_devices():
+  devices = ["d0", "d1", "d2", "d3"]
+  assert config_lib.split_devices(0, devices) == (devices, devices)
+  assert config_lib.split_devices(1, devices) == (devices[:3], devices[3:])
+  with pytest.raises(config_lib.UserInputError,
+                     match=r"^config.train.rollout_devices=4; expected 0 \(rollouts and updates "
+                           r"share the devices\) or 1..3 of the 4 devices$"):
+    config_lib.split_devices(4, devices)
+  with pytest.raises(config_lib.UserInputError,
+                     match=r"rollout_devices=1 runs in one process, got 2; expected 0"):
+    config_lib.split_devices(1, devices, processes=2)
 
 
 def test_stale_samples_need_the_proximal_ratio():
