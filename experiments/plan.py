@@ -60,6 +60,7 @@ it when it grows.
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import functools
@@ -488,14 +489,24 @@ def plan(c: ml_collections.ConfigDict, mesh_sizes: tuple[int, int, int], target:
                        prompt=list(batch_leaf(batch, "prompt").shape)),
       params_bytes=device_bytes(state.params), opt_state_bytes=device_bytes(state.opt_state),
       frozen_bytes=device_bytes(frozen), reference_bytes=reference, programs=programs,
-      engine=engine, schedule=schedule(programs, handoff, rollout_devices > 0, target),
+      engine=engine, schedule=schedule(programs, rollout_calls(samples, programs), handoff,
+                                       rollout_devices > 0, target),
       step_seconds=sum(p["seconds"] for p in programs.values()),
       needed_bytes=needed, fits=needed <= target.memory_bytes)
 
 
-def schedule(programs: dict[str, Any], handoff_bytes: int, split: bool,
+def rollout_calls(samples: list[_Sample], programs: dict[str, Any]) -> int:
+  """Prefill + decode calls of one rollout: each agent's wave of a turn (its replies wait for the
+  previous wave's) in calls of the decode program's rows."""
+  rows = programs["decode"]["shape"]["rows"]
+  waves = collections.Counter((x.turn, x.agent_id) for x in samples)
+  return sum(-(-n // rows) for n in waves.values())
+
+
+def schedule(programs: dict[str, Any], calls: int, handoff_bytes: int, split: bool,
              target: Target) -> dict[str, Any]:
-  """Seconds per RL step, synchronous and asynchronous (`train.max_staleness` >= 1).
+  """Seconds per RL step, synchronous and asynchronous (`train.max_staleness` >= 1); a rollout
+  is `calls` x (prefill + decode).
 
   On one device set the rollout's and the update's device work take turns either way (the
   asynchronous gain there is host-side work, env and sandbox time, which this plan does not
@@ -503,9 +514,10 @@ def schedule(programs: dict[str, Any], handoff_bytes: int, split: bool,
   of the two, plus the hand-off of each version's weights (per device: the larger of a learner's
   and a rollout device's share of the trainable compute copy, over the one-way link), counted on
   the step's path; synchronously on the same split they run one after the other."""
-  rollout = programs["prefill"]["seconds"] + programs["decode"]["seconds"]
+  rollout = calls * (programs["prefill"]["seconds"] + programs["decode"]["seconds"])
   train = programs["train_step"]["seconds"]
-  out = dict(rollout_seconds=rollout, train_seconds=train, handoff_bytes=handoff_bytes,
+  out = dict(rollout_calls=calls, rollout_seconds=rollout, train_seconds=train,
+             handoff_bytes=handoff_bytes,
              handoff_seconds=0.0, synchronous_seconds=rollout + train,
              asynchronous_seconds=rollout + train)
   if split:

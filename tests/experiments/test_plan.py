@@ -222,7 +222,9 @@ def test_cli_plans_on_fake_devices_and_refuses_what_does_not_fit():
     assert d["steps"] == 16
     assert d["hbm_seconds"] == pytest.approx(16 * d["bytes_per_step"] / 819e9, rel=1e-12)
     assert d["seconds"] == max(d["hbm_seconds"], d["flops"] / (0.4 * 197e12))
-    assert t["rollout_seconds"] == r["programs"]["prefill"]["seconds"] + d["seconds"]
+    # Plan-Path: 1 turn, 2 agents acting one after the other, each wave's rows in one call.
+    assert t["rollout_calls"] == 2
+    assert t["rollout_seconds"] == 2 * (r["programs"]["prefill"]["seconds"] + d["seconds"])
     assert t["train_seconds"] == r["programs"]["train_step"]["seconds"]
   t = report["schedule"]  # one device set: the two take turns under either schedule
   assert t["handoff_bytes"] == 0
