@@ -491,7 +491,6 @@ def plan(c: ml_collections.ConfigDict, mesh_sizes: tuple[int, int, int], target:
       frozen_bytes=device_bytes(frozen), reference_bytes=reference, programs=programs,
       engine=engine, schedule=schedule(programs, rollout_calls(samples, programs), handoff,
                                        rollout_devices > 0, target),
-      step_seconds=sum(p["seconds"] for p in programs.values()),
       needed_bytes=needed, fits=needed <= target.memory_bytes)
 
 
@@ -687,7 +686,7 @@ def table(report: dict[str, Any]) -> str:
   lines = [f"{report['config']} ({report['model']}, {report['param_dtype']} params, "
            f"{report['compute_dtype']} compute, {report['policy']}) on "
            f"{report['devices']} x {report['device']} mesh {report['mesh']}",
-           f"{'program':<11} {'peak GiB':>9} {'temp GiB':>9} {'TFLOP':>10} {'s@mfu':>8}"]
+           f"{'program':<11} {'peak GiB':>9} {'temp GiB':>9} {'TFLOP':>10} {'seconds':>8}"]
   for name, p in report["programs"].items():
     lines.append(f"{name:<11} {p['peak_bytes'] / GIB:>9.2f} {p['temp_bytes'] / GIB:>9.2f} "
                  f"{p['flops'] / 1e12:>10.3g} {p['seconds']:>8.3g}")
