@@ -456,10 +456,10 @@ def plan(c: ml_collections.ConfigDict, mesh_sizes: tuple[int, int, int], target:
   if rollout_devices:
     rollout_mesh = mesh_lib.make_mesh(1, rollout_devices, 1, devices=rollout)
     r_trainable, r_frozen = abstract_params(policy, rollout_mesh)
-    resident = sum(copy_bytes(t, policy.compute_dtype, head=True) for t in (r_trainable, r_frozen))
+    received = copy_bytes(r_trainable, policy.compute_dtype, head=True)
+    resident = received + copy_bytes(r_frozen, policy.compute_dtype, head=True)
     # Each version's trainable copy leaves each learner device and reaches each rollout device.
-    handoff = max(copy_bytes(state.params, policy.compute_dtype, head=True),
-                  copy_bytes(r_trainable, policy.compute_dtype, head=True))
+    handoff = max(copy_bytes(state.params, policy.compute_dtype, head=True), received)
   else:
     sampler_copy = sum(copy_bytes(t, policy.compute_dtype, head=True, cast_only=True)
                        for t in (state.params, frozen))
